@@ -1,0 +1,104 @@
+"""Build the example TorchScript models into a model repository, offline.
+
+    python examples/build_models.py [--repository examples/model_repository] [--force]
+
+The config.pbtxt and labels files are written by hand and committed; only `<model>/1/model.pt`
+is generated here. Models whose model.pt exists are skipped unless --force.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+from torch import nn
+
+DEFAULT_REPOSITORY = Path(__file__).resolve().parent / "model_repository"
+
+
+def save_torchscript(model: nn.Module, example: torch.Tensor, path: Path) -> None:
+    """Trace and save: model.pt is TorchScript, the format Triton's PyTorch backend loads."""
+    partial = path.with_suffix(".partial")
+    with torch.no_grad(), warnings.catch_warnings():
+        # torch 2.13 deprecates torch.jit for torch.export; model.pt must stay TorchScript.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.jit.trace(model, example).save(str(partial))
+    partial.replace(path)  # a killed build leaves no model.pt that a rerun would skip
+
+
+def build_mlp(version_dir: Path) -> None:
+    """The benchmarks' reference MLP: same seed and construction order, so outputs match it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(512, 2048),
+        nn.ReLU(),
+        nn.Linear(2048, 2048),
+        nn.ReLU(),
+        nn.Linear(2048, 512),
+    ).eval()
+    save_torchscript(model, torch.zeros(1, 512), version_dir / "model.pt")
+
+
+def build_digits(version_dir: Path) -> None:
+    """A small CNN on scikit-learn's bundled 8x8 digits; input [N,1,8,8] in 0..1, 10 logits."""
+    torch.manual_seed(0)
+    digits = load_digits()
+    images = torch.tensor(digits.images / 16.0, dtype=torch.float32).unsqueeze(1)
+    labels = torch.tensor(digits.target, dtype=torch.long)
+    train_idx, test_idx = train_test_split(
+        range(len(labels)), test_size=0.2, random_state=0, stratify=digits.target
+    )
+    model = nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * 4 * 4, 64),
+        nn.ReLU(),
+        nn.Linear(64, 10),
+    )
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x_train, y_train = images[train_idx], labels[train_idx]
+    for _ in range(15):
+        for batch in torch.randperm(len(y_train)).split(32):
+            optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(model(x_train[batch]), y_train[batch])
+            loss.backward()
+            optimizer.step()
+    model.eval()
+    with torch.no_grad():
+        accuracy = (model(images[test_idx]).argmax(1) == labels[test_idx]).float().mean()
+    print(f"digits: test accuracy {accuracy.item():.3f} on {len(test_idx)} held-out images")
+    save_torchscript(model, torch.zeros(1, 1, 8, 8), version_dir / "model.pt")
+
+
+BUILDERS: dict[str, Callable[[Path], None]] = {"mlp": build_mlp, "digits": build_digits}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Build the example models, offline.")
+    parser.add_argument("--repository", type=Path, default=DEFAULT_REPOSITORY)
+    parser.add_argument("--force", action="store_true", help="rebuild existing model.pt files")
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # CPU kernels then reduce in one order: the same weights everywhere
+    for name, build in BUILDERS.items():
+        version_dir = args.repository / name / "1"
+        if (version_dir / "model.pt").exists() and not args.force:
+            print(f"{name}: {version_dir / 'model.pt'} exists, skipped (--force rebuilds)")
+            continue
+        version_dir.mkdir(parents=True, exist_ok=True)
+        start = time.perf_counter()
+        build(version_dir)
+        print(f"{name}: wrote {version_dir / 'model.pt'} in {time.perf_counter() - start:.1f}s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,256 @@
+"""The KServe v2 HTTP API as a bare ASGI application.
+
+No framework: routing is a split of the path and a dict lookup, which keeps the per-request
+cost to what the protocol needs (see the README for the measured choice of uvicorn +
+httptools + uvloop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import zlib
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway import metadata
+from gateway.dispatcher import Dispatcher
+from gateway.infer_codec import HEADER_LENGTH, decompress, encode_response, parse_infer
+from gateway.model_table import ModelTable, ModelView
+from shared import keys
+from shared.errors import InvalidInput, ModelNotReady, SluiceError, error_from_code
+from shared.protocol import Request
+from shared.signature import validate_inputs
+
+log = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+JSON = [(b"content-type", b"application/json")]
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayLimits:
+    max_body_bytes: int = 64 << 20
+    request_timeout_s: float = 300.0
+
+
+class Response:
+    __slots__ = ("body", "headers", "status")
+
+    def __init__(
+        self,
+        status: int,
+        body: bytes | list[bytes | memoryview] = b"",
+        headers: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
+        self.status = status
+        self.body = body
+        self.headers = headers if headers is not None else []
+
+
+def json_response(payload: Any, status: int = 200) -> Response:
+    return Response(status, orjson.dumps(payload), JSON)
+
+
+def error_response(error: SluiceError) -> Response:
+    return json_response({"error": error.message}, error.http_status)
+
+
+class GatewayApp:
+    """ASGI callable; `dispatcher` and `table` are created by the server before serving."""
+
+    def __init__(self, dispatcher: Dispatcher, table: ModelTable, limits: GatewayLimits) -> None:
+        self.dispatcher = dispatcher
+        self.table = table
+        self.limits = limits
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        headers = dict(scope["headers"])
+        try:
+            response = await self._route(scope["method"], scope["path"], headers, receive)
+        except SluiceError as exc:
+            response = error_response(exc)
+        except Exception as exc:  # a bug must still answer, not drop the connection
+            log.exception("unhandled error on %s %s", scope["method"], scope["path"])
+            response = json_response({"error": f"internal error: {exc!r}"}, 500)
+        await _send(send, response, headers)
+
+    async def _route(
+        self, method: str, path: str, headers: dict[bytes, bytes], receive: Receive
+    ) -> Response:
+        parts = path.strip("/").split("/")
+        if parts[0] != "v2":
+            return json_response({"error": f"unknown path {path}"}, 404)
+        rest = parts[1:]
+        if not rest or rest == [""]:
+            return json_response(metadata.server_metadata())
+        if rest[0] == "health" and len(rest) == 2:
+            ok = True if rest[1] == "live" else self.table.ready
+            return Response(200 if ok else 400)
+        if rest == ["repository", "index"] and method == "POST":
+            await _read_body(receive, self.limits.max_body_bytes)
+            return json_response(metadata.repository_index(self.table.models))
+        if rest[0] == "models" and len(rest) >= 2:
+            if rest[1:] == ["stats"]:
+                return json_response(
+                    await metadata.model_statistics(
+                        self.dispatcher.redis, list(self.table.models.values()), None
+                    )
+                )
+            return await self._model_route(method, rest[1], rest[2:], headers, receive)
+        return json_response({"error": f"unknown path {path}"}, 404)
+
+    async def _model_route(
+        self, method: str, name: str, rest: list[str], headers: dict[bytes, bytes], receive: Receive
+    ) -> Response:
+        version: str | None = None
+        if len(rest) >= 2 and rest[0] == "versions":
+            version, rest = rest[1], rest[2:]
+            if not version.isdigit():
+                raise InvalidInput(f"version must be a number, got '{version}'")
+        action = rest[0] if rest else ""
+        view = await self._view(name)
+        if action == "infer" and method == "POST":
+            return await self._infer(view, version, headers, receive)
+        if action == "ready":
+            ready = (int(version) in view.ready_versions) if version else view.ready
+            if ready:
+                return Response(200)
+            return json_response({"error": "Model version not ready"}, 400)
+        if action == "config":
+            if view.config is None:
+                raise ModelNotReady(f"model '{name}' is not ready: {view.reason}")
+            return json_response(view.config)
+        if action == "stats":
+            return json_response(
+                await metadata.model_statistics(
+                    self.dispatcher.redis, [view], int(version) if version else None
+                )
+            )
+        if action == "":
+            if view.signature is None:
+                raise ModelNotReady(f"model '{name}' is not ready: {view.reason}")
+            return json_response(metadata.model_metadata(view, int(version) if version else None))
+        return json_response({"error": f"unknown model action '{action}'"}, 404)
+
+    async def _view(self, name: str) -> ModelView:
+        if name not in self.table.models:
+            await self.table.refresh()  # a model registered since the last refresh
+        return self.table.get(name)
+
+    async def _infer(
+        self,
+        view: ModelView,
+        version_text: str | None,
+        headers: dict[bytes, bytes],
+        receive: Receive,
+    ) -> Response:
+        version = view.resolve_version(version_text) or max(view.versions)
+        sig = view.signature
+        assert sig is not None
+        body = await _read_body(receive, self.limits.max_body_bytes)
+        encoding = headers.get(b"content-encoding")
+        body = decompress(body, encoding.decode() if encoding else None)
+        header_length = _header_length(headers)
+        try:
+            parsed = parse_infer(body, header_length, sig)
+            validate_inputs(sig, parsed.inputs)
+            if parsed.outputs:
+                known = set(sig.output_names())
+                for output in parsed.outputs:
+                    if output not in known:
+                        raise InvalidInput(
+                            f"unexpected inference output '{output}' for model '{view.name}'"
+                        )
+        except InvalidInput:
+            self._count_failure(view.name, version, "OTHER")
+            raise
+        request = Request(
+            self.dispatcher.new_request_id(),
+            version,
+            time.time_ns(),
+            self.dispatcher.reply_stream,
+            parsed.inputs,
+            tuple(parsed.outputs) if parsed.outputs else None,
+            {k: v for k, v in parsed.parameters.items() if k in ("priority", "timeout")},
+        )
+        result = await self.dispatcher.submit(
+            view.name, request, sig.max_batch_size, self.limits.request_timeout_s
+        )
+        if result.error is not None:
+            raise error_from_code(*result.error)
+        body_parts, json_length = encode_response(view.name, version, parsed, result.outputs)
+        if json_length is None:
+            return Response(200, body_parts, JSON)
+        return Response(
+            200,
+            body_parts,
+            [
+                (b"content-type", b"application/octet-stream"),
+                (HEADER_LENGTH.encode(), str(json_length).encode()),
+            ],
+        )
+
+    def _count_failure(self, model: str, version: int, reason: str) -> None:
+        """Failures that never reach a worker still show in the fleet-wide metrics."""
+        coro = self.dispatcher.redis.hincrby(keys.GATEWAY_STATS, f"{model}:{version}:{reason}", 1)
+        task = asyncio.ensure_future(coro)
+        task.add_done_callback(lambda t: t.exception())
+
+
+def _header_length(headers: dict[bytes, bytes]) -> int | None:
+    raw = headers.get(HEADER_LENGTH.encode())
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidInput("Inference-Header-Content-Length must be an integer") from None
+    if value < 0:
+        raise InvalidInput("Inference-Header-Content-Length must not be negative")
+    return value
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise InvalidInput("client disconnected before sending the whole body")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise InvalidInput(f"request body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _send(send: Send, response: Response, request_headers: dict[bytes, bytes]) -> None:
+    body = response.body
+    if isinstance(body, list):
+        body = b"".join(body)
+    headers = response.headers
+    accept = request_headers.get(b"accept-encoding", b"")
+    if body and accept and (b"gzip" in accept or b"deflate" in accept):
+        if b"gzip" in accept:
+            compressor = zlib.compressobj(wbits=16 + zlib.MAX_WBITS)
+            headers = [*headers, (b"content-encoding", b"gzip")]
+        else:
+            compressor = zlib.compressobj()
+            headers = [*headers, (b"content-encoding", b"deflate")]
+        body = compressor.compress(body) + compressor.flush()
+    headers = [*headers, (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": response.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,244 @@
+"""KServe v2 infer bodies, JSON and Triton's binary tensor extension, in and out.
+
+Binary inputs become memoryviews into the HTTP body (no copy until the Redis write); JSON
+inputs are converted once with numpy. Every error names the field it is about.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+from shared.datatypes import (
+    ELEMENT_SIZE,
+    NUMPY_DTYPE,
+    deserialize_bytes_elements,
+    element_count,
+    serialize_bytes_elements,
+)
+from shared.errors import InvalidInput
+from shared.protocol import Tensor
+from shared.signature import Signature
+
+HEADER_LENGTH = "inference-header-content-length"
+
+
+@dataclass(slots=True)
+class ParsedInfer:
+    """An infer request as the gateway needs it."""
+
+    id: str | None
+    parameters: dict[str, Any]
+    inputs: list[Tensor]
+    #: requested outputs: name -> wants binary (None: follow binary_data_output).
+    outputs: dict[str, bool | None] | None
+    binary_output: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def decompress(body: bytes, encoding: str | None) -> bytes:
+    if not encoding or encoding == "identity":
+        return body
+    try:
+        if encoding == "gzip":
+            return zlib.decompress(body, wbits=16 + zlib.MAX_WBITS)
+        if encoding == "deflate":
+            return zlib.decompress(body)
+    except zlib.error as exc:
+        raise InvalidInput(f"body is not valid {encoding}: {exc}") from None
+    raise InvalidInput(f"unsupported Content-Encoding '{encoding}'")
+
+
+def parse_infer(body: bytes, header_length: int | None, sig: Signature) -> ParsedInfer:
+    """Parse a JSON or binary-extension infer body; raises InvalidInput naming the field."""
+    if header_length == 0:
+        return _raw_binary(body, sig)
+    json_end = len(body) if header_length is None else header_length
+    if json_end > len(body):
+        raise InvalidInput(
+            f"Inference-Header-Content-Length {json_end} exceeds the body size {len(body)}"
+        )
+    try:
+        header = orjson.loads(memoryview(body)[:json_end])
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"malformed JSON in request body: {exc}") from None
+    if not isinstance(header, dict):
+        raise InvalidInput("request body must be a JSON object")
+    params = header.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise InvalidInput("'parameters' must be an object")
+    raw_inputs = header.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise InvalidInput("'inputs' must be a non-empty list")
+    binary = memoryview(body)[json_end:]
+    inputs, used = [], 0
+    for index, item in enumerate(raw_inputs):
+        tensor, used = _input(item, index, binary, used)
+        inputs.append(tensor)
+    if used != len(binary):
+        raise InvalidInput(
+            f"binary data in the body is {len(binary)} bytes but inputs declare {used}"
+        )
+    request_id = header.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise InvalidInput("'id' must be a string")
+    return ParsedInfer(
+        request_id,
+        params,
+        inputs,
+        _outputs(header.get("outputs")),
+        bool(params.get("binary_data_output", False)),
+    )
+
+
+def _raw_binary(body: bytes, sig: Signature) -> ParsedInfer:
+    if len(sig.inputs) != 1:
+        raise InvalidInput(
+            "a raw binary request (Inference-Header-Content-Length: 0) needs a model with "
+            f"exactly one input; '{sig.name}' has {len(sig.inputs)}"
+        )
+    spec = sig.inputs[0]
+    if -1 in spec.dims:
+        raise InvalidInput(f"raw binary request: input '{spec.name}' has variable dims")
+    shape = (1, *spec.dims) if sig.max_batch_size > 0 else spec.dims
+    return ParsedInfer(None, {}, [Tensor(spec.name, spec.datatype, shape, body)], None, True)
+
+
+def _shape(item: Mapping[str, Any], where: str) -> tuple[int, ...]:
+    shape = item.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise InvalidInput(f"{where}: 'shape' must be a list of non-negative integers")
+    return tuple(shape)
+
+
+def _input(item: Any, index: int, binary: memoryview, used: int) -> tuple[Tensor, int]:
+    if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+        raise InvalidInput(f"inputs[{index}]: must be an object with a string 'name'")
+    name = item["name"]
+    where = f"input '{name}'"
+    datatype = item.get("datatype")
+    if datatype not in ELEMENT_SIZE:
+        raise InvalidInput(f"{where}: unknown datatype {datatype!r}")
+    shape = _shape(item, where)
+    params = item.get("parameters") or {}
+    size = params.get("binary_data_size") if isinstance(params, dict) else None
+    if size is not None:
+        if not isinstance(size, int) or size < 0:
+            raise InvalidInput(f"{where}: 'binary_data_size' must be a non-negative integer")
+        if used + size > len(binary):
+            raise InvalidInput(f"{where}: binary_data_size {size} runs past the end of the body")
+        data = binary[used : used + size]
+        _check_binary_size(where, datatype, shape, data)
+        return Tensor(name, datatype, shape, data), used + size
+    if "data" not in item:
+        raise InvalidInput(f"{where}: has neither 'data' nor 'binary_data_size'")
+    return Tensor(name, datatype, shape, _json_data(item["data"], datatype, shape, where)), used
+
+
+def _check_binary_size(where: str, datatype: str, shape: tuple[int, ...], data: memoryview) -> None:
+    count = element_count(shape)
+    if datatype == "BYTES":
+        try:
+            found = len(deserialize_bytes_elements(data))
+        except ValueError as exc:
+            raise InvalidInput(f"{where}: malformed BYTES data: {exc}") from None
+        if found != count:
+            raise InvalidInput(f"{where}: {found} BYTES elements for shape {list(shape)}")
+    elif count * ELEMENT_SIZE[datatype] != len(data):
+        raise InvalidInput(
+            f"{where}: binary_data_size {len(data)} does not match shape {list(shape)} of "
+            f"{datatype} ({count * ELEMENT_SIZE[datatype]} bytes)"
+        )
+
+
+def _flatten(data: Any) -> list[Any]:
+    if not isinstance(data, list):
+        return [data]
+    if not data or not isinstance(data[0], list):
+        return data
+    out: list[Any] = []
+    for item in data:
+        out.extend(_flatten(item))
+    return out
+
+
+def _json_data(data: Any, datatype: str, shape: tuple[int, ...], where: str) -> bytes:
+    flat = _flatten(data)
+    if len(flat) != element_count(shape):
+        raise InvalidInput(f"{where}: {len(flat)} values in 'data' for shape {list(shape)}")
+    if datatype == "BYTES":
+        if not all(isinstance(v, str | bytes) for v in flat):
+            raise InvalidInput(f"{where}: BYTES 'data' must hold strings")
+        return serialize_bytes_elements(flat)
+    if datatype == "BF16":
+        raise InvalidInput(f"{where}: BF16 data must be sent in binary (binary_data_size)")
+    if datatype == "BOOL" and not all(isinstance(v, bool) for v in flat):
+        raise InvalidInput(f"{where}: BOOL 'data' must hold true/false")
+    try:
+        array = np.asarray(flat, dtype=NUMPY_DTYPE[datatype])
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidInput(f"{where}: 'data' does not hold {datatype} values: {exc}") from None
+    return array.tobytes()
+
+
+def _outputs(raw: Any) -> dict[str, bool | None] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise InvalidInput("'outputs' must be a list")
+    wanted: dict[str, bool | None] = {}
+    for index, item in enumerate(raw):
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise InvalidInput(f"outputs[{index}]: must be an object with a string 'name'")
+        params = item.get("parameters") or {}
+        binary = params.get("binary_data") if isinstance(params, dict) else None
+        wanted[item["name"]] = bool(binary) if binary is not None else None
+    return wanted
+
+
+def _json_values(tensor: Tensor) -> Any:
+    if tensor.datatype == "BYTES":
+        return [b.decode("utf-8", "replace") for b in deserialize_bytes_elements(tensor.data)]
+    array = np.frombuffer(tensor.data, dtype=NUMPY_DTYPE[tensor.datatype])
+    if tensor.datatype == "BF16":
+        return (array.astype(np.uint32) << 16).view(np.float32)
+    if tensor.datatype == "FP16":
+        return array.astype(np.float32)
+    return array
+
+
+def encode_response(
+    model: str, version: int, request: ParsedInfer, outputs: Sequence[Tensor]
+) -> tuple[bytes | list[bytes | memoryview], int | None]:
+    """The response body (parts to join) and its JSON header length (None: pure JSON)."""
+    binaries: list[bytes | memoryview] = []
+    items = []
+    for tensor in outputs:
+        want = request.outputs.get(tensor.name) if request.outputs else None
+        as_binary = request.binary_output if want is None else want
+        item: dict[str, Any] = {
+            "name": tensor.name,
+            "datatype": tensor.datatype,
+            "shape": list(tensor.shape),
+        }
+        if as_binary:
+            data = tensor.data
+            item["parameters"] = {
+                "binary_data_size": len(data) if not isinstance(data, memoryview) else data.nbytes
+            }
+            binaries.append(data)
+        else:
+            item["data"] = _json_values(tensor)
+        items.append(item)
+    body: dict[str, Any] = {"model_name": model, "model_version": str(version), "outputs": items}
+    if request.id is not None:
+        body["id"] = request.id
+    header = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not binaries:
+        return header, None
+    return [header, *binaries], len(header)

@@ -1,0 +1,78 @@
+"""Server and model metadata, config and statistics bodies, shaped as Triton returns them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from gateway.model_table import ModelView
+from shared import keys
+from shared.stats import VersionStats, parse_stats, triton_model_stats
+
+SERVER_NAME = "sluice"
+SERVER_VERSION = "0.1.0"
+EXTENSIONS = (
+    "binary_tensor_data",
+    "model_configuration",
+    "statistics",
+    "model_repository",
+    "schedule_policy",
+    "parameters",
+)
+
+
+def server_metadata() -> dict[str, Any]:
+    return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": list(EXTENSIONS)}
+
+
+def model_metadata(view: ModelView, version: int | None) -> dict[str, Any]:
+    sig = view.signature
+    assert sig is not None and view.config is not None
+    versions = [str(version)] if version else [str(v) for v in sorted(view.versions)]
+    platform = view.config.get("platform") or view.config.get("backend", "")
+    return {
+        "name": view.name,
+        "versions": versions,
+        "platform": platform,
+        "inputs": [
+            {"name": i.name, "datatype": i.datatype, "shape": sig.full_shape(i)} for i in sig.inputs
+        ],
+        "outputs": [
+            {"name": o.name, "datatype": o.datatype, "shape": sig.full_shape(o)}
+            for o in sig.outputs
+        ],
+    }
+
+
+def repository_index(models: dict[str, ModelView]) -> list[dict[str, Any]]:
+    index = []
+    for view in sorted(models.values(), key=lambda v: v.name):
+        for version in sorted(view.versions) or [None]:
+            ready = version in view.ready_versions
+            index.append(
+                {
+                    "name": view.name,
+                    "version": str(version) if version is not None else "",
+                    "state": "READY" if ready else "UNAVAILABLE",
+                    "reason": "" if ready else (view.reason or ""),
+                }
+            )
+    return index
+
+
+async def model_statistics(
+    redis: aioredis.Redis, views: list[ModelView], version: int | None
+) -> dict[str, Any]:
+    """Triton's statistics body, fleet-wide, from the stats hashes the workers keep."""
+    pipe = redis.pipeline(transaction=False)
+    for view in views:
+        pipe.hgetall(keys.model_stats(view.name))
+    raws = await pipe.execute()
+    entries = []
+    for view, raw in zip(views, raws, strict=True):
+        per_version = parse_stats(raw)
+        wanted = [version] if version else sorted(set(view.versions) | set(per_version))
+        for v in wanted:
+            entries.append(triton_model_stats(view.name, v, per_version.get(v) or VersionStats()))
+    return {"model_stats": entries}

@@ -1,0 +1,183 @@
+"""Prometheus exposition of the fleet's figures, with Triton's metric names and labels.
+
+Nothing is counted in the gateway's memory: every scrape reads the per-model hashes that all
+workers add to, so any gateway shows the same fleet-wide totals.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+import redis.asyncio as aioredis
+from prometheus_client.core import (
+    CollectorRegistry,
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from gateway.model_table import ModelTable
+from shared import keys
+from shared.stats import FAILURE_REASONS, VersionStats, parse_stats
+
+LABELS = ["model", "version"]
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+_COUNTERS = (
+    (
+        "nv_inference_request_success",
+        "Number of successful inference requests, all batch sizes",
+        "success_count",
+        1,
+    ),
+    (
+        "nv_inference_count",
+        "Number of inferences performed (does not include cached requests)",
+        "inference_count",
+        1,
+    ),
+    (
+        "nv_inference_exec_count",
+        "Number of model executions performed (does not include cached requests)",
+        "execution_count",
+        1,
+    ),
+    (
+        "nv_inference_request_duration_us",
+        "Cumulative inference request duration in microseconds",
+        "success_ns",
+        1000,
+    ),
+    (
+        "nv_inference_queue_duration_us",
+        "Cumulative inference queuing duration in microseconds",
+        "queue_ns",
+        1000,
+    ),
+    (
+        "nv_inference_compute_input_duration_us",
+        "Cumulative compute input duration in microseconds",
+        "compute_input_ns",
+        1000,
+    ),
+    (
+        "nv_inference_compute_infer_duration_us",
+        "Cumulative compute inference duration in microseconds",
+        "compute_infer_ns",
+        1000,
+    ),
+    (
+        "nv_inference_compute_output_duration_us",
+        "Cumulative inference compute output duration in microseconds",
+        "compute_output_ns",
+        1000,
+    ),
+)
+
+
+class _Snapshot:
+    """A one-shot collector over figures already read from Redis."""
+
+    def __init__(self, metrics: list[Metric]) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        return self._metrics
+
+
+def _failures(
+    stats: dict[tuple[str, str], VersionStats], gateway: dict[bytes, bytes]
+) -> CounterMetricFamily:
+    family = CounterMetricFamily(
+        "nv_inference_request_failure",
+        "Number of failed inference requests, all batch sizes",
+        labels=[*LABELS, "reason"],
+    )
+    totals: dict[tuple[str, str, str], int] = defaultdict(int)
+    for (model, version), s in stats.items():
+        for reason in FAILURE_REASONS:
+            totals[(model, version, reason)] += s.get(f"failure:{reason}")
+    for field, value in gateway.items():
+        model, version, reason = field.decode().rsplit(":", 2)
+        totals[(model, version, reason)] += int(value)
+    for labels, value in sorted(totals.items()):
+        family.add_metric(list(labels), value)
+    return family
+
+
+def _batch_histogram(stats: dict[tuple[str, str], VersionStats]) -> HistogramMetricFamily:
+    family = HistogramMetricFamily("sluice_batch_size", "Sizes of executed batches", labels=LABELS)
+    for (model, version), s in stats.items():
+        counts = {size: b.get("count", 0) for size, b in s.batches.items()}
+        buckets = [
+            (str(le), sum(c for size, c in counts.items() if size <= le)) for le in BATCH_BUCKETS
+        ]
+        buckets.append(("+Inf", sum(counts.values())))
+        family.add_metric(
+            [model, version], buckets, sum_value=sum(size * c for size, c in counts.items())
+        )
+    return family
+
+
+async def render(redis: aioredis.Redis, table: ModelTable) -> bytes:
+    names = sorted(table.models)
+    pipe = redis.pipeline(transaction=False)
+    for name in names:
+        pipe.hgetall(keys.model_stats(name))
+    pipe.hgetall(keys.GATEWAY_STATS)
+    *raws, gateway = await pipe.execute()
+    stats: dict[tuple[str, str], VersionStats] = {}
+    for name, raw in zip(names, raws, strict=True):
+        for version, s in parse_stats(raw).items():
+            stats[(name, str(version))] = s
+    metrics: list[Metric] = []
+    for metric, doc, field, divisor in _COUNTERS:
+        family = CounterMetricFamily(metric.removesuffix("_total"), doc, labels=LABELS)
+        for (model, version), s in sorted(stats.items()):
+            family.add_metric([model, version], s.get(field) // divisor)
+        metrics.append(family)
+    metrics.append(_failures(stats, gateway))
+    pending = GaugeMetricFamily(
+        "nv_inference_pending_request_count",
+        "Instantaneous number of pending requests awaiting execution per-model.",
+        labels=LABELS,
+    )
+    inflight: dict[tuple[str, str], int] = defaultdict(int)
+    for member in table.members:
+        for key, count in member.info.get("inflight", {}).items():
+            model, _, version = key.rpartition(":")
+            inflight[(model, version)] += count
+    for (model, version), count in sorted(inflight.items()):
+        pending.add_metric([model, version], count)
+    metrics += [pending, _batch_histogram(stats)]
+    registry = CollectorRegistry()
+    registry.register(_Snapshot(metrics))  # type: ignore[arg-type]
+    return generate_latest(registry)
+
+
+class MetricsApp:
+    """ASGI app for the metrics port: `/metrics` only."""
+
+    def __init__(self, redis: aioredis.Redis, table: ModelTable) -> None:
+        self.redis = redis
+        self.table = table
+
+    async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+        if scope["type"] != "http":
+            return
+        if scope["path"] != "/metrics":
+            status, body, ctype = 404, b"not found\n", b"text/plain"
+        else:
+            body = await render(self.redis, self.table)
+            status, ctype = 200, CONTENT_TYPE_LATEST.encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", ctype), (b"content-length", str(len(body)).encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})

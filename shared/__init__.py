@@ -1,0 +1,1 @@
+"""Code shared by the sluice gateway and workers: wire protocol, key names, model configs."""

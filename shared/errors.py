@@ -1,0 +1,68 @@
+"""Typed errors, each carrying the HTTP status and Triton status name it maps to.
+
+Workers publish errors as data (code + message); the gateway turns any of these into the
+KServe v2 error body `{"error": "..."}` in one place.
+"""
+
+from __future__ import annotations
+
+
+class SluiceError(Exception):
+    """Base class: `http_status` and `code` travel with the error across the wire."""
+
+    http_status = 500
+    code = "INTERNAL"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidInput(SluiceError):
+    """The request is malformed or does not match the model's inputs (Triton INVALID_ARG)."""
+
+    http_status = 400
+    code = "INVALID_ARG"
+
+
+class ModelNotFound(SluiceError):
+    """Triton answers 400 for an unknown model, and so do we."""
+
+    http_status = 400
+    code = "NOT_FOUND"
+
+
+class ModelNotReady(SluiceError):
+    http_status = 400
+    code = "UNAVAILABLE_MODEL"
+
+
+class Unavailable(SluiceError):
+    """Queue full, timed out, or Redis unreachable (Triton UNAVAILABLE → 503)."""
+
+    http_status = 503
+    code = "UNAVAILABLE"
+
+
+class ModelExecutionError(SluiceError):
+    """The model raised while computing a batch."""
+
+    http_status = 500
+    code = "INTERNAL"
+
+
+class ModelConfigError(SluiceError):
+    """A config.pbtxt or model file that cannot be loaded; names the file and the field."""
+
+    code = "INVALID_CONFIG"
+
+
+_BY_CODE: dict[str, type[SluiceError]] = {
+    cls.code: cls
+    for cls in (InvalidInput, ModelNotFound, ModelNotReady, Unavailable, ModelExecutionError)
+}
+
+
+def error_from_code(code: str, message: str) -> SluiceError:
+    """Rebuild a typed error received from a worker."""
+    return _BY_CODE.get(code, SluiceError)(message)

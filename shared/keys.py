@@ -1,0 +1,42 @@
+"""Every Redis key sluice uses, in one place.
+
+Keys of one model share the hash tag `{m:<model>}` so that they live in one Redis Cluster
+slot; fleet-wide keys share `{sluice}`. A gateway's reply stream carries its own tag, since
+every worker of every model writes to it.
+"""
+
+from __future__ import annotations
+
+PREFIX = "sluice"
+
+#: consumer group every worker of a model joins on the model's request stream.
+WORKER_GROUP = "workers"
+
+
+def _model_tag(model: str) -> str:
+    return f"{PREFIX}:{{m:{model}}}"
+
+
+def request_stream(model: str) -> str:
+    """The model's request stream: gateways XADD, workers XREADGROUP."""
+    return f"{_model_tag(model)}:requests"
+
+
+def model_stats(model: str) -> str:
+    """Hash of cumulative counters (Triton statistics) that workers HINCRBY after each batch."""
+    return f"{_model_tag(model)}:stats"
+
+
+def reply_stream(gateway_id: str) -> str:
+    """A gateway's private reply stream: workers XADD one entry per batch per gateway."""
+    return f"{PREFIX}:{{gw:{gateway_id}}}:replies"
+
+
+#: hash: model name -> model metadata published by the workers that load it.
+MODELS = f"{PREFIX}:{{sluice}}:models"
+
+#: hash: member id -> heartbeat record (msgpack) of every worker and gateway.
+FLEET = f"{PREFIX}:{{sluice}}:fleet"
+
+#: hash: fleet-wide counters kept by gateways (requests that failed before reaching a worker).
+GATEWAY_STATS = f"{PREFIX}:{{sluice}}:gateway-stats"

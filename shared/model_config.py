@@ -1,0 +1,333 @@
+"""Parse and normalise a model's config.pbtxt the way Triton does.
+
+The text is parsed by protobuf against Triton's own `ModelConfig` message, so a config that
+Triton accepts parses here unchanged. Validation and defaults follow core
+`src/model_config_utils.cc`; every error names the file and the offending field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format, text_format
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from tritonclient.grpc.model_config_pb2 import (
+    DataType,
+    ModelConfig,
+    ModelInput,
+    ModelInstanceGroup,
+    ModelOutput,
+)
+
+from shared.datatypes import config_to_wire
+from shared.errors import ModelConfigError
+
+CONFIG_FILENAME = "config.pbtxt"
+
+_PYTORCH_PLATFORMS = ("pytorch_libtorch", "libtorch")
+_DEFAULT_FILENAME = {"pytorch": "model.pt", "python": "model.py"}
+_THREAD_PARAMETERS = ("INTRA_OP_THREAD_COUNT", "INTER_OP_THREAD_COUNT")
+_INT64_TYPES = frozenset(
+    {
+        FieldDescriptor.TYPE_INT64,
+        FieldDescriptor.TYPE_UINT64,
+        FieldDescriptor.TYPE_SINT64,
+        FieldDescriptor.TYPE_FIXED64,
+        FieldDescriptor.TYPE_SFIXED64,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """One model input or output; `dims` excludes the implicit batch dim (-1 = variable)."""
+
+    name: str
+    datatype: str
+    dims: tuple[int, ...]
+    reshape: tuple[int, ...] | None
+    optional: bool
+    allow_ragged_batch: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BatchingPolicy:
+    """What the dynamic batcher needs; `preferred_batch_sizes` is normalised and ascending."""
+
+    max_batch_size: int
+    dynamic: bool
+    max_queue_delay_us: int
+    preferred_batch_sizes: tuple[int, ...]
+    preserve_ordering: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """A validated model config: what workers load and what the gateway reports."""
+
+    name: str
+    kind: str
+    platform: str
+    backend: str
+    max_batch_size: int
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    batching: BatchingPolicy
+    instance_count: int
+    instance_kind: str
+    model_filename: str
+    parameters: dict[str, str]
+    intra_op_threads: int | None
+    inter_op_threads: int | None
+    version_policy: tuple[str, tuple[int, ...]]
+    config_json: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _Errors:
+    """Builds ModelConfigErrors that all start with the config file's path."""
+
+    path: Path
+
+    def __call__(self, field: str, message: str) -> ModelConfigError:
+        return ModelConfigError(f"{self.path}: {field}: {message}")
+
+
+def load_model_config(model_dir: Path) -> ModelSpec:
+    """Read, validate and normalise `<model_dir>/config.pbtxt`; raise ModelConfigError."""
+    path = model_dir / CONFIG_FILENAME
+    err = _Errors(path)
+    cfg = _parse(path)
+    if cfg.name and cfg.name != model_dir.name:
+        raise err("name", f"'{cfg.name}' must equal the directory name '{model_dir.name}'")
+    cfg.name = cfg.name or model_dir.name
+    kind = _resolve_backend(cfg, err)
+    if cfg.max_batch_size < 0:
+        raise err("max_batch_size", f"must be >= 0, got {cfg.max_batch_size}")
+    inputs = _tensors(cfg.input, "input", cfg.max_batch_size, err)
+    outputs = _tensors(cfg.output, "output", cfg.max_batch_size, err)
+    batching = _batching(cfg, err)
+    instance_count, instance_kind = _instances(cfg, err)
+    parameters = {key: value.string_value for key, value in cfg.parameters.items()}
+    intra, inter = (_thread_count(parameters, key, err) for key in _THREAD_PARAMETERS)
+    version_policy = _version_policy(cfg)
+    _fill_pinned_memory(cfg)
+    return ModelSpec(
+        name=cfg.name,
+        kind=kind,
+        platform=cfg.platform or cfg.backend,
+        backend=cfg.backend,
+        max_batch_size=cfg.max_batch_size,
+        inputs=inputs,
+        outputs=outputs,
+        batching=batching,
+        instance_count=instance_count,
+        instance_kind=instance_kind,
+        model_filename=cfg.default_model_filename or _DEFAULT_FILENAME[kind],
+        parameters=parameters,
+        intra_op_threads=intra,
+        inter_op_threads=inter,
+        version_policy=version_policy,
+        config_json=triton_config_json(cfg),
+    )
+
+
+def triton_config_json(config: ModelConfig) -> dict[str, Any]:
+    """The config as Triton's GET /v2/models/{m}/config returns it: int64s are JSON numbers."""
+    data = json_format.MessageToDict(
+        config,
+        preserving_proto_field_name=True,
+        use_integers_for_enums=False,
+        always_print_fields_with_no_presence=True,
+    )
+    return _int64_to_numbers(config.DESCRIPTOR, data)
+
+
+def _parse(path: Path) -> ModelConfig:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelConfigError(f"{path}: cannot read: {exc}") from exc
+    try:
+        return text_format.Parse(text, ModelConfig())
+    except text_format.ParseError as exc:
+        # The message starts with "line:col : ", so this reads as "path:line:col : ...".
+        sep = ":" if exc.GetLine() is not None else ": "
+        raise ModelConfigError(f"{path}{sep}{exc}") from exc
+
+
+def _resolve_backend(cfg: ModelConfig, err: _Errors) -> str:
+    """Fill platform/backend/default filename as Triton's autofill does; return the kind."""
+    platform, backend = cfg.platform, cfg.backend
+    if not platform and not backend:
+        raise err("platform", "must specify 'platform' or 'backend'")
+    if platform and platform not in _PYTORCH_PLATFORMS:
+        raise err("platform", f"unsupported platform '{platform}'")
+    if backend not in ("", "pytorch", "python"):
+        raise err("backend", f"unsupported backend '{backend}'")
+    if platform and backend == "python":
+        raise err("backend", f"backend '{backend}' does not match platform '{platform}'")
+    kind = "python" if backend == "python" else "pytorch"
+    cfg.backend = kind
+    if not platform and not cfg.default_model_filename:
+        cfg.default_model_filename = _DEFAULT_FILENAME[kind]
+    if kind == "pytorch" and not platform:
+        cfg.platform = _PYTORCH_PLATFORMS[0]
+    return kind
+
+
+def _tensors(
+    ios: Sequence[ModelInput] | Sequence[ModelOutput], label: str, max_batch_size: int, err: _Errors
+) -> tuple[TensorSpec, ...]:
+    if not ios:
+        raise err(label, "must list at least one tensor")
+    seen: set[str] = set()
+    specs = []
+    for i, io in enumerate(ios):
+        field = f"{label}[{i}]"
+        if not io.name:
+            raise err(f"{field}.name", "must be set")
+        if io.name in seen:
+            raise err(f"{field}.name", f"duplicate {label} name '{io.name}'")
+        seen.add(io.name)
+        if io.data_type == DataType.TYPE_INVALID:
+            raise err(f"{field}.data_type", f"must be set for '{io.name}'")
+        dims = tuple(io.dims)
+        if not dims:
+            raise err(f"{field}.dims", f"must not be empty for '{io.name}'")
+        _check_dims(dims, f"{field}.dims", err)
+        reshape = None
+        if io.HasField("reshape"):
+            reshape = tuple(io.reshape.shape)
+            _check_reshape(dims, reshape, max_batch_size, f"{field}.reshape.shape", err)
+        specs.append(
+            TensorSpec(
+                name=io.name,
+                datatype=config_to_wire(DataType.Name(io.data_type)),
+                dims=dims,
+                reshape=reshape,
+                optional=getattr(io, "optional", False),
+                allow_ragged_batch=getattr(io, "allow_ragged_batch", False),
+            )
+        )
+    return tuple(specs)
+
+
+def _check_dims(shape: tuple[int, ...], field: str, err: _Errors) -> None:
+    if any(d < 1 and d != -1 for d in shape):
+        raise err(field, f"dimensions must be >= 1, or -1 for a variable size; got {list(shape)}")
+
+
+def _check_reshape(
+    dims: tuple[int, ...], shape: tuple[int, ...], max_batch_size: int, field: str, err: _Errors
+) -> None:
+    if not shape and max_batch_size == 0:
+        raise err(field, "cannot be empty for a non-batching model (no scalar tensors)")
+    _check_dims(shape, field, err)
+    # Triton compares the element counts between variable-size dims, e.g. [2,4,-1,6] ~ [8,-1,1,6].
+    if _segment_counts(dims) != _segment_counts(shape):
+        raise err(field, f"{list(shape)} has a different element count than dims {list(dims)}")
+
+
+def _segment_counts(shape: tuple[int, ...]) -> list[int]:
+    counts = [1]
+    for d in shape:
+        if d == -1:
+            counts.append(1)
+        else:
+            counts[-1] *= d
+    return counts
+
+
+def _batching(cfg: ModelConfig, err: _Errors) -> BatchingPolicy:
+    dynamic = cfg.HasField("dynamic_batching")
+    db = cfg.dynamic_batching
+    if dynamic:
+        if cfg.max_batch_size == 0:
+            raise err("dynamic_batching", "requires max_batch_size > 0")
+        for size in db.preferred_batch_size:
+            if not 0 < size <= cfg.max_batch_size:
+                raise err(
+                    "dynamic_batching.preferred_batch_size",
+                    f"{size} must be > 0 and <= max_batch_size {cfg.max_batch_size}",
+                )
+        if not db.preferred_batch_size:
+            db.preferred_batch_size.append(cfg.max_batch_size)
+    return BatchingPolicy(
+        max_batch_size=cfg.max_batch_size,
+        dynamic=dynamic,
+        max_queue_delay_us=db.max_queue_delay_microseconds,
+        preferred_batch_sizes=tuple(sorted(set(db.preferred_batch_size))),
+        preserve_ordering=db.preserve_ordering,
+    )
+
+
+def _instances(cfg: ModelConfig, err: _Errors) -> tuple[int, str]:
+    """Fill group defaults (name, count 1, KIND_AUTO); sluice runs one kind per model."""
+    if not cfg.instance_group:
+        # Triton names the group it adds after the model, without an index.
+        cfg.instance_group.add(name=cfg.name)
+    for i, group in enumerate(cfg.instance_group):
+        group.name = group.name or f"{cfg.name}_{i}"
+        group.count = max(group.count, 1)
+        if group.kind != cfg.instance_group[0].kind:
+            raise err(f"instance_group[{i}].kind", "every group must have the same kind")
+    kind = ModelInstanceGroup.Kind.Name(cfg.instance_group[0].kind)
+    return sum(group.count for group in cfg.instance_group), kind
+
+
+def _thread_count(parameters: dict[str, str], key: str, err: _Errors) -> int | None:
+    """Like the PyTorch backend: the value must be an integer; <= 0 leaves torch's default."""
+    if key not in parameters:
+        return None
+    try:
+        value = int(parameters[key])
+    except ValueError:
+        raise err(f"parameters.{key}", f"must be an integer, got '{parameters[key]}'") from None
+    return value if value > 0 else None
+
+
+def _version_policy(cfg: ModelConfig) -> tuple[str, tuple[int, ...]]:
+    policy = cfg.version_policy
+    choice = policy.WhichOneof("policy_choice")
+    if choice == "all":
+        return "all", ()
+    if choice == "specific":
+        return "specific", tuple(sorted(set(policy.specific.versions)))
+    if choice is None:
+        policy.latest.num_versions = 1
+    return "latest", (policy.latest.num_versions,)
+
+
+def _fill_pinned_memory(cfg: ModelConfig) -> None:
+    """Triton reports pinned input/output memory as enabled unless the config says otherwise."""
+    for name in ("input_pinned_memory", "output_pinned_memory"):
+        if not cfg.optimization.HasField(name):
+            getattr(cfg.optimization, name).enable = True
+
+
+def _int64_to_numbers(desc: Descriptor, data: dict[str, Any]) -> dict[str, Any]:
+    """JSON mapping prints 64-bit integers as strings; Triton prints them as numbers."""
+    for field in desc.fields:
+        if field.name not in data:
+            continue
+        value = data[field.name]
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            value_field = field.message_type.fields_by_name["value"]
+            data[field.name] = {k: _convert(value_field, v) for k, v in value.items()}
+        elif field.is_repeated:
+            data[field.name] = [_convert(field, v) for v in value]
+        else:
+            data[field.name] = _convert(field, value)
+    return data
+
+
+def _convert(field: FieldDescriptor, value: Any) -> Any:
+    if field.type in _INT64_TYPES:
+        return int(value)
+    if field.message_type is not None:
+        return _int64_to_numbers(field.message_type, value)
+    return value

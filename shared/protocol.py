@@ -1,0 +1,185 @@
+"""The wire format between gateways and workers.
+
+A stream entry holds one or more requests (a gateway coalesces the requests that arrive in
+the same event-loop turn) as two fields:
+
+* ``h``: a msgpack header, ``[SCHEMA, [request, ...]]`` where a request is
+  ``[id, version, enqueue_ns, reply_to, [[name, datatype, shape, nbytes], ...], outputs, params]``;
+* ``d``: the raw tensor bytes of every input, concatenated in header order.
+
+Reply entries mirror it: ``[SCHEMA, [[id, [[name, datatype, shape, nbytes], ...], error], ...]]``
+plus the concatenated output bytes. Tensors are never inside msgpack, so decoding is
+``np.frombuffer`` over the blob: zero copies, and nothing read off the wire can run code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from shared.datatypes import ELEMENT_SIZE, element_count
+
+SCHEMA = 1
+
+#: caps on what a header may declare, so a hostile entry cannot make the decoder allocate.
+MAX_HEADER_BYTES = 1 << 20
+_UNPACK_LIMITS = {
+    "max_str_len": 1 << 16,
+    "max_bin_len": 0,
+    "max_array_len": 1 << 16,
+    "max_map_len": 1 << 10,
+    "max_ext_len": 0,
+}
+
+Buffer = bytes | bytearray | memoryview
+
+
+class ProtocolError(ValueError):
+    """An entry that does not follow the wire format."""
+
+
+@dataclass(slots=True)
+class Tensor:
+    """Raw row-major little-endian bytes (BYTES: length-prefixed elements) plus type and shape."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: Buffer
+
+
+@dataclass(slots=True)
+class Request:
+    id: str
+    version: int
+    enqueue_ns: int
+    reply_to: str
+    inputs: list[Tensor]
+    outputs: tuple[str, ...] | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Result:
+    id: str
+    outputs: list[Tensor] = field(default_factory=list)
+    #: (error code, message) when the request failed; see shared.errors.
+    error: tuple[str, str] | None = None
+
+
+def _tensor_headers(tensors: Iterable[Tensor], blobs: list[Buffer]) -> list[list[Any]]:
+    heads = []
+    for t in tensors:
+        data = t.data
+        nbytes = data.nbytes if isinstance(data, memoryview) else len(data)
+        heads.append([t.name, t.datatype, list(t.shape), nbytes])
+        blobs.append(data)
+    return heads
+
+
+def encode_requests(requests: Sequence[Request]) -> dict[str, bytes]:
+    """Fields of one stream entry carrying `requests`."""
+    blobs: list[Buffer] = []
+    items = [
+        [
+            r.id,
+            r.version,
+            r.enqueue_ns,
+            r.reply_to,
+            _tensor_headers(r.inputs, blobs),
+            list(r.outputs) if r.outputs is not None else None,
+            r.parameters,
+        ]
+        for r in requests
+    ]
+    return {"h": msgpack.packb([SCHEMA, items]), "d": b"".join(blobs)}
+
+
+def encode_results(results: Sequence[Result]) -> dict[str, bytes]:
+    """Fields of one reply entry carrying `results` for a single gateway."""
+    blobs: list[Buffer] = []
+    items = [[r.id, _tensor_headers(r.outputs, blobs), r.error] for r in results]
+    return {"h": msgpack.packb([SCHEMA, items]), "d": b"".join(blobs)}
+
+
+def _unpack_header(fields: dict[bytes, bytes]) -> tuple[list[Any], memoryview]:
+    try:
+        header, blob = fields[b"h"], fields[b"d"]
+    except KeyError as exc:
+        raise ProtocolError(f"entry lacks field {exc.args[0]!r}") from None
+    if len(header) > MAX_HEADER_BYTES:
+        raise ProtocolError("entry header too large")
+    try:
+        decoded = msgpack.unpackb(header, **_UNPACK_LIMITS)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+        raise ProtocolError(f"undecodable header: {exc}") from None
+    if not (isinstance(decoded, list) and len(decoded) == 2 and decoded[0] == SCHEMA):
+        raise ProtocolError("unknown header schema")
+    if not isinstance(decoded[1], list):
+        raise ProtocolError("header items are not a list")
+    return decoded[1], memoryview(blob)
+
+
+def _cut_tensors(heads: Any, blob: memoryview, offset: int) -> tuple[list[Tensor], int]:
+    if not isinstance(heads, list):
+        raise ProtocolError("tensor list is not a list")
+    tensors = []
+    for head in heads:
+        try:
+            name, datatype, shape, nbytes = head
+            shape = tuple(int(d) for d in shape)
+        except (TypeError, ValueError):
+            raise ProtocolError("malformed tensor header") from None
+        if not isinstance(name, str) or datatype not in ELEMENT_SIZE or nbytes < 0:
+            raise ProtocolError(f"bad tensor header for {name!r}")
+        size = ELEMENT_SIZE[datatype]
+        if size and (min(shape, default=0) < 0 or element_count(shape) * size != nbytes):
+            raise ProtocolError(f"tensor {name!r}: {nbytes} bytes do not fit shape {shape}")
+        if offset + nbytes > len(blob):
+            raise ProtocolError(f"tensor {name!r} runs past the end of the entry")
+        tensors.append(Tensor(name, datatype, shape, blob[offset : offset + nbytes]))
+        offset += nbytes
+    return tensors, offset
+
+
+def decode_requests(fields: dict[bytes, bytes]) -> list[Request]:
+    """Requests of one stream entry; tensor data are views into the entry's blob."""
+    items, blob = _unpack_header(fields)
+    requests, offset = [], 0
+    for item in items:
+        try:
+            rid, version, enqueue_ns, reply_to, heads, outputs, params = item
+        except (TypeError, ValueError):
+            raise ProtocolError("malformed request header") from None
+        inputs, offset = _cut_tensors(heads, blob, offset)
+        if not (isinstance(rid, str) and isinstance(reply_to, str) and isinstance(params, dict)):
+            raise ProtocolError("malformed request header")
+        requests.append(
+            Request(
+                rid,
+                int(version),
+                int(enqueue_ns),
+                reply_to,
+                inputs,
+                tuple(outputs) if outputs is not None else None,
+                params,
+            )
+        )
+    return requests
+
+
+def decode_results(fields: dict[bytes, bytes]) -> list[Result]:
+    """Results of one reply entry; output data are views into the entry's blob."""
+    items, blob = _unpack_header(fields)
+    results, offset = [], 0
+    for item in items:
+        try:
+            rid, heads, error = item
+        except (TypeError, ValueError):
+            raise ProtocolError("malformed result header") from None
+        outputs, offset = _cut_tensors(heads, blob, offset)
+        results.append(Result(rid, outputs, tuple(error) if error else None))
+    return results

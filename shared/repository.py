@@ -1,0 +1,78 @@
+"""Scan a Triton-layout model repository: `<repo>/<model>/config.pbtxt` and `<N>/` version dirs.
+
+A bad model never stops the scan: its entry carries the reason, as Triton keeps serving the
+models that load and reports the others as UNAVAILABLE with a reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from shared.errors import ModelConfigError
+from shared.model_config import CONFIG_FILENAME, ModelSpec, load_model_config
+
+
+@dataclass(frozen=True, slots=True)
+class ModelEntry:
+    """One model directory: its spec and versions when it can load, else why not (`error`)."""
+
+    name: str
+    path: Path
+    spec: ModelSpec | None
+    versions: tuple[int, ...]
+    error: str | None
+
+
+def scan_repository(repo: Path) -> list[ModelEntry]:
+    """One entry per model directory (hidden ones skipped), sorted by name.
+
+    A bad model is reported in its entry's `error` and never raises; only an unreadable
+    `repo` itself does (OSError).
+    """
+    model_dirs = [p for p in repo.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    return [_scan_model(model_dir) for model_dir in sorted(model_dirs, key=lambda p: p.name)]
+
+
+def select_versions(model_dir: Path, policy: tuple[str, tuple[int, ...]]) -> tuple[int, ...]:
+    """The versions `policy` picks among `model_dir`'s version dirs, ascending.
+
+    Only names of digits not starting with "0" are versions (Triton ignores the rest).
+    A `specific` version that has no directory is a ModelConfigError.
+    """
+    available = sorted(
+        int(p.name)
+        for p in model_dir.iterdir()
+        if p.is_dir() and p.name.isdigit() and not p.name.startswith("0")
+    )
+    kind, numbers = policy
+    if kind == "all":
+        return tuple(available)
+    if kind == "latest":
+        return tuple(available[-numbers[0] :]) if numbers[0] > 0 else ()
+    missing = sorted(set(numbers) - set(available))
+    if missing:
+        raise ModelConfigError(
+            f"{model_dir}: version_policy.specific: versions {missing} have no directory"
+        )
+    return tuple(sorted(set(numbers)))
+
+
+def _scan_model(model_dir: Path) -> ModelEntry:
+    name = model_dir.name
+    if not (model_dir / CONFIG_FILENAME).is_file():
+        return ModelEntry(name, model_dir, None, (), f"no {CONFIG_FILENAME}")
+    try:
+        spec = load_model_config(model_dir)
+        versions = select_versions(model_dir, spec.version_policy)
+    except (ModelConfigError, OSError) as exc:
+        return ModelEntry(name, model_dir, None, (), str(exc))
+    if not versions:
+        return ModelEntry(name, model_dir, spec, (), f"{model_dir}: no version directory to load")
+    missing = [
+        str(path)
+        for path in (model_dir / str(v) / spec.model_filename for v in versions)
+        if not path.exists()
+    ]
+    error = f"model file not found: {', '.join(missing)}" if missing else None
+    return ModelEntry(name, model_dir, spec, versions, error)

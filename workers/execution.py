@@ -1,0 +1,167 @@
+"""One batch through one model instance: stack the inputs, run, cut the outputs per request.
+
+Inputs are stacked with a single `np.concatenate` per input (the only copy on the way in);
+outputs go back as views into the model's own output buffer, cut at each request's rows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from shared.datatypes import NUMPY_DTYPE, deserialize_bytes_elements, serialize_bytes_elements
+from shared.errors import ModelExecutionError
+from shared.model_config import ModelSpec
+from shared.protocol import Request, Tensor
+from workers.models import Infer
+
+_TORCH_DTYPE_FOR_BF16 = torch.bfloat16
+
+
+@dataclass(slots=True)
+class BatchTiming:
+    """Nanoseconds spent in each phase, as Triton's compute_input / infer / output."""
+
+    input_ns: int = 0
+    infer_ns: int = 0
+    output_ns: int = 0
+
+
+def _stack(requests: Sequence[Request], name: str, datatype: str) -> np.ndarray:
+    parts = []
+    for request in requests:
+        tensor = next(t for t in request.inputs if t.name == name)
+        if datatype == "BYTES":
+            array = np.empty(len(deserialize_bytes_elements(tensor.data)), dtype=object)
+            array[:] = deserialize_bytes_elements(tensor.data)
+            parts.append(array.reshape(tensor.shape))
+        else:
+            dtype = NUMPY_DTYPE[datatype]
+            parts.append(np.frombuffer(tensor.data, dtype=dtype).reshape(tensor.shape))
+    if len(parts) == 1 and datatype == "BYTES":
+        return parts[0]
+    return np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
+
+
+def _to_model_input(
+    array: np.ndarray,
+    datatype: str,
+    spec_reshape: tuple[int, ...] | None,
+    batched: bool,
+    device: torch.device,
+) -> object:
+    if datatype == "BYTES":
+        return array
+    tensor = torch.from_numpy(array)
+    if datatype == "BF16":
+        tensor = tensor.view(_TORCH_DTYPE_FOR_BF16)
+    if spec_reshape is not None:
+        tensor = tensor.reshape((tensor.shape[0], *spec_reshape) if batched else spec_reshape)
+    return tensor.to(device, non_blocking=True)
+
+
+def collate(
+    spec: ModelSpec, requests: Sequence[Request], device: torch.device
+) -> dict[str, object]:
+    """The model's named inputs for `requests` stacked along the batch dim."""
+    batched = spec.max_batch_size > 0
+    inputs: dict[str, object] = {}
+    for io in spec.inputs:
+        if not any(t.name == io.name for t in requests[0].inputs):
+            continue  # an optional input the requests left out
+        array = _stack(requests, io.name, io.datatype)
+        inputs[io.name] = _to_model_input(array, io.datatype, io.reshape, batched, device)
+    return inputs
+
+
+def _to_numpy(value: object, datatype: str) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        value = value.detach()
+        if value.dtype == torch.bfloat16:
+            value = value.view(torch.int16)
+        return value.cpu().contiguous().numpy()
+    if datatype == "BYTES":
+        array = np.empty(len(value), dtype=object) if isinstance(value, list) else None
+        if array is not None:
+            array[:] = value
+            return array
+    return np.ascontiguousarray(np.asarray(value))
+
+
+def split(
+    spec: ModelSpec, requests: Sequence[Request], sizes: Sequence[int], outputs: dict[str, object]
+) -> list[list[Tensor]]:
+    """Per request, its requested outputs as views into the batch output."""
+    total = sum(sizes)
+    batched = spec.max_batch_size > 0
+    per_request: list[list[Tensor]] = [[] for _ in requests]
+    for io in spec.outputs:
+        wanted = [r.outputs is None or io.name in r.outputs for r in requests]
+        if not any(wanted):
+            continue
+        if io.name not in outputs:
+            raise ModelExecutionError(f"model '{spec.name}' did not return output '{io.name}'")
+        array = _to_numpy(outputs[io.name], io.datatype)
+        if io.datatype not in ("BYTES", "BF16") and array.dtype != NUMPY_DTYPE[io.datatype]:
+            array = array.astype(NUMPY_DTYPE[io.datatype])
+        if not batched:
+            array = array.reshape(_client_shape(io.dims, array.size)) if io.reshape else array
+            per_request[0].append(_tensor(io.name, io.datatype, array))
+            continue
+        if array.ndim == 0 or array.shape[0] != total:
+            raise ModelExecutionError(
+                f"model '{spec.name}' returned {array.shape[0] if array.ndim else 0} rows of "
+                f"'{io.name}' for a batch of {total}"
+            )
+        if io.reshape is not None:
+            array = array.reshape((total, *_client_shape(io.dims, array[0].size)))
+        offset = 0
+        for index, size in enumerate(sizes):
+            if wanted[index]:
+                per_request[index].append(
+                    _tensor(io.name, io.datatype, array[offset : offset + size])
+                )
+            offset += size
+    return per_request
+
+
+def _client_shape(dims: tuple[int, ...], count: int) -> tuple[int, ...]:
+    known = 1
+    for d in dims:
+        known *= d if d > 0 else 1
+    return tuple(d if d != -1 else count // max(known, 1) for d in dims)
+
+
+def _tensor(name: str, datatype: str, array: np.ndarray) -> Tensor:
+    if datatype == "BYTES":
+        data: bytes | memoryview = serialize_bytes_elements(array.reshape(-1).tolist())
+    else:
+        data = memoryview(array.reshape(-1).view(np.uint8))
+    return Tensor(name, datatype, tuple(array.shape), data)
+
+
+def run_batch(
+    spec: ModelSpec,
+    infer: Infer,
+    requests: Sequence[Request],
+    sizes: Sequence[int],
+    device: torch.device,
+) -> tuple[list[list[Tensor]], BatchTiming]:
+    """Run one batch on one instance; called in the instance's thread."""
+    timing = BatchTiming()
+    t0 = time.perf_counter_ns()
+    inputs = collate(spec, requests, device)
+    t1 = time.perf_counter_ns()
+    with torch.inference_mode():
+        outputs = infer(inputs)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    t2 = time.perf_counter_ns()
+    results = split(spec, requests, sizes, outputs)
+    t3 = time.perf_counter_ns()
+    timing.input_ns, timing.infer_ns, timing.output_ns = t1 - t0, t2 - t1, t3 - t2
+    return results, timing

@@ -1,0 +1,195 @@
+"""A worker process: loads a repository's models and serves their streams until told to stop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import uvloop
+
+from shared import keys
+from shared.errors import ModelConfigError
+from shared.redis_client import async_client
+from shared.registry import (
+    HEARTBEAT_INTERVAL_S,
+    Member,
+    ModelStatus,
+    encode_model_record,
+    now_ms,
+)
+from shared.repository import ModelEntry, scan_repository
+from workers.model_queue import ModelQueue
+from workers.models import Infer, choose_device, load_instance
+
+log = logging.getLogger(__name__)
+
+#: a model ready to serve: its entry, instances per version, and device.
+Loaded = tuple[ModelEntry, dict[int, list[Infer]], torch.device]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    model_repository: Path
+    redis_url: str
+    #: serve only these models (None: every model in the repository).
+    models: tuple[str, ...] | None = None
+    worker_id: str = ""
+    block_ms: int = 1000
+
+    def member_id(self) -> str:
+        suffix = uuid.uuid4().hex[:6]
+        return self.worker_id or f"worker-{socket.gethostname()}-{os.getpid()}-{suffix}"
+
+
+def configure_threads(entries: list[ModelEntry]) -> None:
+    """Apply the PyTorch backend's INTRA/INTER_OP_THREAD_COUNT (process-wide in torch)."""
+    specs = [e.spec for e in entries if e.spec is not None]
+    intra = {s.intra_op_threads for s in specs if s.intra_op_threads}
+    inter = {s.inter_op_threads for s in specs if s.inter_op_threads}
+    if len(intra) > 1 or len(inter) > 1:
+        log.warning(
+            "models ask for different thread counts; using the largest (torch threads are "
+            "per process: run them in separate workers with --models to honour each)"
+        )
+    if intra:
+        torch.set_num_threads(max(intra))
+    if inter:
+        try:
+            torch.set_num_interop_threads(max(inter))
+        except RuntimeError as exc:  # already set in this process
+            log.warning("INTER_OP_THREAD_COUNT not applied: %s", exc)
+
+
+def load_model(entry: ModelEntry) -> tuple[dict[int, list[Infer]], torch.device]:
+    """Every selected version, `instance_count` instances each."""
+    assert entry.spec is not None
+    device = choose_device(entry.spec)
+    instances = {
+        version: [
+            load_instance(entry.spec, entry.path, version, device)
+            for _ in range(entry.spec.instance_count)
+        ]
+        for version in entry.versions
+    }
+    return instances, device
+
+
+class Worker:
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self.id = config.member_id()
+        self.redis = async_client(config.redis_url)
+        self.queues: list[ModelQueue] = []
+        self.statuses: dict[str, ModelStatus] = {}
+        self.stopped = asyncio.Event()
+
+    def _load(self) -> list[Loaded]:
+        entries = scan_repository(self.config.model_repository)
+        if self.config.models is not None:
+            wanted = set(self.config.models)
+            entries = [e for e in entries if e.name in wanted]
+            for missing in wanted - {e.name for e in entries}:
+                log.error("model %r is not in %s", missing, self.config.model_repository)
+        configure_threads(entries)
+        loaded = []
+        for entry in entries:
+            if entry.error or entry.spec is None:
+                log.error("model %r not loaded: %s", entry.name, entry.error)
+                self.statuses[entry.name] = ModelStatus([], entry.error)
+                continue
+            try:
+                instances, device = load_model(entry)
+            except ModelConfigError as exc:
+                log.error("model %r not loaded: %s", entry.name, exc.message)
+                self.statuses[entry.name] = ModelStatus([], exc.message)
+                continue
+            self.statuses[entry.name] = ModelStatus(list(entry.versions), None)
+            loaded.append((entry, instances, device))
+            log.info("model %r versions %s ready on %s", entry.name, entry.versions, device)
+        return loaded
+
+    async def _register(self, loaded: list[Loaded]) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        for entry, _, _ in loaded:
+            assert entry.spec is not None
+            pipe.hset(
+                keys.MODELS,
+                entry.name,
+                encode_model_record(entry.spec.config_json, list(entry.versions), None),
+            )
+        for name, status in self.statuses.items():
+            if not status.ready_versions:
+                pipe.hsetnx(keys.MODELS, name, encode_model_record(None, [], status.reason))
+        await pipe.execute()
+
+    def _member(self) -> Member:
+        return Member(
+            self.id,
+            "worker",
+            socket.gethostname(),
+            os.getpid(),
+            now_ms(),
+            self.statuses,
+            {
+                "batches": sum(q.state.batches_done for q in self.queues),
+                "devices": sorted({str(q.device) for q in self.queues}),
+            },
+        )
+
+    async def _heartbeat(self) -> None:
+        while True:
+            try:
+                await self.redis.hset(keys.FLEET, self.id, self._member().encode())
+            except Exception as exc:  # Redis down: keep serving, report when it is back
+                log.warning("heartbeat failed: %s", exc)
+            await asyncio.sleep(HEARTBEAT_INTERVAL_S)
+
+    def stop(self) -> None:
+        log.info("worker %s stopping: finishing the batches in hand", self.id)
+        for queue in self.queues:
+            queue.stop()
+
+    async def run(self) -> None:
+        loaded = await asyncio.to_thread(self._load)
+        for entry, instances, device in loaded:
+            assert entry.spec is not None
+            reader = async_client(self.config.redis_url, socket_timeout_s=None)
+            self.queues.append(
+                ModelQueue(
+                    entry.spec, instances, device, self.redis, reader, self.id, self.config.block_ms
+                )
+            )
+        await self._register(loaded)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop)
+        heartbeat = asyncio.create_task(self._heartbeat())
+        try:
+            await asyncio.gather(*(q.run() for q in self.queues))
+            if not self.queues:
+                log.error("no model could be loaded; waiting for a signal")
+                stop = asyncio.Event()
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.add_signal_handler(sig, stop.set)
+                await stop.wait()
+        finally:
+            heartbeat.cancel()
+            try:
+                await self.redis.hdel(keys.FLEET, self.id)
+            except Exception as exc:  # best effort: the entry also expires on its own
+                log.warning("could not remove fleet entry: %s", exc)
+            await self.redis.aclose()
+            for q in self.queues:
+                await q.reader.aclose()
+
+
+def run_worker(config: WorkerConfig) -> None:
+    """Entry point of `sluice worker`."""
+    uvloop.run(Worker(config).run())
