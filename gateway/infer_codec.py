@@ -109,9 +109,13 @@ def _raw_binary(body: bytes, sig: Signature) -> ParsedInfer:
     return ParsedInfer(None, {}, [Tensor(spec.name, spec.datatype, shape, body)], None, True)
 
 
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def _shape(item: Mapping[str, Any], where: str) -> tuple[int, ...]:
     shape = item.get("shape")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+    if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
         raise InvalidInput(f"{where}: 'shape' must be a list of non-negative integers")
     return tuple(shape)
 
@@ -128,7 +132,7 @@ def _input(item: Any, index: int, binary: memoryview, used: int) -> tuple[Tensor
     params = item.get("parameters") or {}
     size = params.get("binary_data_size") if isinstance(params, dict) else None
     if size is not None:
-        if not isinstance(size, int) or size < 0:
+        if not _is_count(size):
             raise InvalidInput(f"{where}: 'binary_data_size' must be a non-negative integer")
         if used + size > len(binary):
             raise InvalidInput(f"{where}: binary_data_size {size} runs past the end of the body")
@@ -167,6 +171,12 @@ def _flatten(data: Any) -> list[Any]:
     return out
 
 
+#: the JSON value types each datatype accepts (bools only for BOOL; checked separately).
+_JSON_TYPES: dict[str, type | tuple[type, ...]] = {
+    dt: ((int, float) if dt.startswith("FP") else int) for dt in ELEMENT_SIZE
+}
+
+
 def _json_data(data: Any, datatype: str, shape: tuple[int, ...], where: str) -> bytes:
     flat = _flatten(data)
     if len(flat) != element_count(shape):
@@ -179,6 +189,10 @@ def _json_data(data: Any, datatype: str, shape: tuple[int, ...], where: str) -> 
         raise InvalidInput(f"{where}: BF16 data must be sent in binary (binary_data_size)")
     if datatype == "BOOL" and not all(isinstance(v, bool) for v in flat):
         raise InvalidInput(f"{where}: BOOL 'data' must hold true/false")
+    if datatype != "BOOL" and not all(
+        isinstance(v, _JSON_TYPES[datatype]) and not isinstance(v, bool) for v in flat
+    ):
+        raise InvalidInput(f"{where}: 'data' does not hold {datatype} values")
     try:
         array = np.asarray(flat, dtype=NUMPY_DTYPE[datatype])
     except (TypeError, ValueError, OverflowError) as exc:

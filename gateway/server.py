@@ -81,15 +81,16 @@ async def serve_gateway(
         asyncio.create_task(dispatcher.read_replies(), name="replies"),
         asyncio.create_task(table.run(), name="model-table"),
     ]
-    servers = [asyncio.create_task(s._serve()) for s in (http, metrics)]
+    servers = [asyncio.create_task(_run(s)) for s in (http, metrics)]
     watcher = asyncio.create_task(_announce_ready(table, http, on_ready)) if on_ready else None
     try:
         done, _ = await asyncio.wait(
             [*servers, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED
         )
         for task in done:
-            if task in servers and task.exception():
-                raise task.exception()  # type: ignore[misc]
+            if task in servers:
+                task.result()  # raises if a port could not be bound
+                raise RuntimeError("HTTP server stopped unexpectedly")
     finally:
         log.info("gateway stopping: answering in-flight requests")
         for server in (http, metrics):
@@ -101,6 +102,15 @@ async def serve_gateway(
         await table.remove_self()
         await redis.aclose()
         await reader.aclose()
+
+
+async def _run(server: uvicorn.Server) -> None:
+    """uvicorn exits the process when it cannot bind; turn that into an error we can clean up."""
+    try:
+        await server._serve()
+    except SystemExit:
+        config = server.config
+        raise RuntimeError(f"cannot serve on {config.host}:{config.port}") from None
 
 
 async def _announce_ready(

@@ -123,26 +123,40 @@ def _unpack_header(fields: dict[bytes, bytes]) -> tuple[list[Any], memoryview]:
     return decoded[1], memoryview(blob)
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _cut_tensors(heads: Any, blob: memoryview, offset: int) -> tuple[list[Tensor], int]:
     if not isinstance(heads, list):
         raise ProtocolError("tensor list is not a list")
     tensors = []
     for head in heads:
-        try:
-            name, datatype, shape, nbytes = head
-            shape = tuple(int(d) for d in shape)
-        except (TypeError, ValueError):
-            raise ProtocolError("malformed tensor header") from None
-        if not isinstance(name, str) or datatype not in ELEMENT_SIZE or nbytes < 0:
-            raise ProtocolError(f"bad tensor header for {name!r}")
+        if not (isinstance(head, list) and len(head) == 4):
+            raise ProtocolError("malformed tensor header")
+        name, datatype, shape, nbytes = head
+        if not (isinstance(name, str) and isinstance(datatype, str) and datatype in ELEMENT_SIZE):
+            raise ProtocolError(f"bad name or datatype in tensor header {name!r}")
+        if not (isinstance(shape, list) and all(_is_int(d) and d >= 0 for d in shape)):
+            raise ProtocolError(f"tensor {name!r}: shape must be non-negative integers")
+        if not (_is_int(nbytes) and nbytes >= 0):
+            raise ProtocolError(f"tensor {name!r}: nbytes must be a non-negative integer")
         size = ELEMENT_SIZE[datatype]
-        if size and (min(shape, default=0) < 0 or element_count(shape) * size != nbytes):
+        if size and element_count(shape) * size != nbytes:
             raise ProtocolError(f"tensor {name!r}: {nbytes} bytes do not fit shape {shape}")
         if offset + nbytes > len(blob):
             raise ProtocolError(f"tensor {name!r} runs past the end of the entry")
-        tensors.append(Tensor(name, datatype, shape, blob[offset : offset + nbytes]))
+        tensors.append(Tensor(name, datatype, tuple(shape), blob[offset : offset + nbytes]))
         offset += nbytes
     return tensors, offset
+
+
+def _names(value: Any, what: str) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+        raise ProtocolError(f"{what} must be a list of strings")
+    return tuple(value)
 
 
 def decode_requests(fields: dict[bytes, bytes]) -> list[Request]:
@@ -150,23 +164,20 @@ def decode_requests(fields: dict[bytes, bytes]) -> list[Request]:
     items, blob = _unpack_header(fields)
     requests, offset = [], 0
     for item in items:
-        try:
-            rid, version, enqueue_ns, reply_to, heads, outputs, params = item
-        except (TypeError, ValueError):
-            raise ProtocolError("malformed request header") from None
-        inputs, offset = _cut_tensors(heads, blob, offset)
-        if not (isinstance(rid, str) and isinstance(reply_to, str) and isinstance(params, dict)):
+        if not (isinstance(item, list) and len(item) == 7):
             raise ProtocolError("malformed request header")
+        rid, version, enqueue_ns, reply_to, heads, outputs, params = item
+        if not (
+            isinstance(rid, str)
+            and isinstance(reply_to, str)
+            and isinstance(params, dict)
+            and _is_int(version)
+            and _is_int(enqueue_ns)
+        ):
+            raise ProtocolError("malformed request header")
+        inputs, offset = _cut_tensors(heads, blob, offset)
         requests.append(
-            Request(
-                rid,
-                int(version),
-                int(enqueue_ns),
-                reply_to,
-                inputs,
-                tuple(outputs) if outputs is not None else None,
-                params,
-            )
+            Request(rid, version, enqueue_ns, reply_to, inputs, _names(outputs, "outputs"), params)
         )
     return requests
 
@@ -176,10 +187,13 @@ def decode_results(fields: dict[bytes, bytes]) -> list[Result]:
     items, blob = _unpack_header(fields)
     results, offset = [], 0
     for item in items:
-        try:
-            rid, heads, error = item
-        except (TypeError, ValueError):
-            raise ProtocolError("malformed result header") from None
+        if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str)):
+            raise ProtocolError("malformed result header")
+        rid, heads, error = item
+        if error is not None and not (
+            isinstance(error, list) and len(error) == 2 and all(isinstance(e, str) for e in error)
+        ):
+            raise ProtocolError("result error must be [code, message]")
         outputs, offset = _cut_tensors(heads, blob, offset)
-        results.append(Result(rid, outputs, tuple(error) if error else None))
+        results.append(Result(rid, outputs, (error[0], error[1]) if error else None))
     return results

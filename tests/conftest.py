@@ -1,0 +1,140 @@
+"""Real parts for the tests: a private redis-server, and `sluice serve` on a test repository."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+
+from sluice.embedded_redis import EmbeddedRedis
+
+HERE = Path(__file__).parent
+READY_LINE = "sluice ready"
+START_TIMEOUT_S = 120
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[EmbeddedRedis]:
+    with EmbeddedRedis() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def scratch_redis() -> Iterator[EmbeddedRedis]:
+    """A second server for tests that flush it, apart from the shared service's."""
+    with EmbeddedRedis() as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(scratch_redis: EmbeddedRedis) -> Iterator[str]:
+    """A flushed database of its own for one test."""
+    client = redis.Redis.from_url(scratch_redis.url)
+    client.flushall()
+    client.close()
+    yield scratch_redis.url
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def build_named_args_model(path: Path) -> None:
+    import torch
+
+    class Scale(torch.nn.Module):
+        def forward(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+            return x * scale
+
+    torch.jit.save(torch.jit.script(Scale()), str(path))
+
+
+@pytest.fixture(scope="session")
+def model_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = tmp_path_factory.mktemp("repo") / "models"
+    shutil.copytree(HERE / "model_repo", repo)
+    build_named_args_model(repo / "named_args" / "1" / "model.pt")
+    return repo
+
+
+@dataclass
+class Service:
+    process: subprocess.Popen[str]
+    http_url: str
+    metrics_url: str
+    redis_url: str
+    log: list[str]
+    pump: threading.Thread
+
+
+def start_service(args: list[str], env: dict[str, str] | None = None) -> Service:
+    """Start `sluice serve ...` and return once it logs that it is ready."""
+    http_port, metrics_port = free_port(), free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sluice",
+            "serve",
+            "--http-port",
+            str(http_port),
+            "--metrics-port",
+            str(metrics_port),
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    log: list[str] = []
+    ready = threading.Event()
+
+    def pump() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            log.append(line)
+            if READY_LINE in line:
+                ready.set()
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    if not ready.wait(START_TIMEOUT_S):
+        process.kill()
+        raise RuntimeError("sluice serve did not become ready:\n" + "".join(log))
+    redis_url = args[args.index("--redis-url") + 1] if "--redis-url" in args else ""
+    return Service(
+        process, f"127.0.0.1:{http_port}", f"127.0.0.1:{metrics_port}", redis_url, log, reader
+    )
+
+
+def stop_service(service: Service) -> int:
+    service.process.terminate()
+    try:
+        return service.process.wait(60)
+    except subprocess.TimeoutExpired:
+        service.process.kill()
+        raise
+    finally:
+        service.pump.join(10)
+        if service.process.stdout is not None:
+            service.process.stdout.close()
+
+
+@pytest.fixture(scope="session")
+def service(model_repo: Path, redis_server: EmbeddedRedis) -> Iterator[Service]:
+    """`sluice serve` with one worker on the test repository, for the whole session."""
+    svc = start_service(["--model-repository", str(model_repo), "--redis-url", redis_server.url])
+    yield svc
+    stop_service(svc)

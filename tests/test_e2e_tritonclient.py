@@ -1,0 +1,233 @@
+"""End to end through tritonclient.http against `sluice serve` on a real Redis."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.conftest import Service
+
+
+@pytest.fixture
+def client(service: Service) -> httpclient.InferenceServerClient:
+    return httpclient.InferenceServerClient(service.http_url, concurrency=16)
+
+
+def _input(
+    name: str, array: np.ndarray, datatype: str, binary: bool = True
+) -> httpclient.InferInput:
+    tensor = httpclient.InferInput(name, list(array.shape), datatype)
+    tensor.set_data_from_numpy(array, binary_data=binary)
+    return tensor
+
+
+def _batch_counts(client: httpclient.InferenceServerClient, model: str) -> dict[int, int]:
+    stats = client.get_inference_statistics(model)["model_stats"][0]
+    return {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]}
+
+
+def test_health_and_server_metadata(client: httpclient.InferenceServerClient) -> None:
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    meta = client.get_server_metadata()
+    assert {"binary_tensor_data", "model_configuration", "statistics"} <= set(meta["extensions"])
+
+
+def test_model_metadata_and_config(client: httpclient.InferenceServerClient) -> None:
+    meta = client.get_model_metadata("batch8")
+    assert meta["versions"] == ["1"]
+    assert meta["platform"] == "python"
+    assert meta["inputs"] == [{"name": "IN", "datatype": "FP32", "shape": [-1, 4]}]
+    config = client.get_model_config("batch8")
+    assert config["max_batch_size"] == 8
+    assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 1000000
+    assert config["dynamic_batching"]["preferred_batch_size"] == [8]
+    assert config["input"][0]["dims"] == [4]
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_infer_binary_and_json(client: httpclient.InferenceServerClient, binary: bool) -> None:
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    out = httpclient.InferRequestedOutput("OUT", binary_data=binary)
+    result = client.infer(
+        "named_args",
+        [
+            _input("x", np.ones((2, 3), np.float32), "FP32", binary),
+            _input("scale", np.array([[2.0], [3.0]], np.float32), "FP32", binary),
+        ],
+        outputs=[httpclient.InferRequestedOutput("OUTPUT__0", binary_data=binary)],
+    )
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT__0"), [[2, 2, 2], [3, 3, 3]])
+    result = client.infer(
+        "batch8", [_input("IN", x, "FP32", binary)], outputs=[out], request_id="abc"
+    )
+    np.testing.assert_array_equal(result.as_numpy("OUT"), x * 2)
+    assert result.get_response()["id"] == "abc"
+
+
+def test_every_datatype_round_trips(client: httpclient.InferenceServerClient) -> None:
+    arrays = {
+        "BOOL": np.array([[True, False]]),
+        "UINT8": np.array([[0, 255]], np.uint8),
+        "UINT16": np.array([[0, 65535]], np.uint16),
+        "UINT32": np.array([[0, 2**32 - 1]], np.uint32),
+        "UINT64": np.array([[0, 2**64 - 1]], np.uint64),
+        "INT8": np.array([[-128, 127]], np.int8),
+        "INT16": np.array([[-(2**15), 2**15 - 1]], np.int16),
+        "INT32": np.array([[-(2**31), 2**31 - 1]], np.int32),
+        "INT64": np.array([[-(2**63), 2**63 - 1]], np.int64),
+        "FP16": np.array([[1.5, -2.25]], np.float16),
+        "FP32": np.array([[1.5, -2.25]], np.float32),
+        "FP64": np.array([[1.5, -2.25]], np.float64),
+        "BYTES": np.array([[b"hello", b"\x00\xffbin"]], dtype=np.object_),
+    }
+    inputs = [_input(f"IN_{dt}", a, dt) for dt, a in arrays.items()]
+    bf16 = httpclient.InferInput("IN_BF16", [1, 2], "BF16")
+    bf16_bits = np.array([[0x3FC0, 0xC010]], np.uint16)  # 1.5, -2.25
+    bf16._raw_data = bf16_bits.tobytes()
+    bf16._parameters["binary_data_size"] = 4
+    inputs.append(bf16)
+    result = client.infer("dtypes", inputs)
+    for dt, array in arrays.items():
+        got = result.as_numpy(f"OUT_{dt}")
+        assert got.dtype == array.dtype or dt == "BYTES", dt
+        np.testing.assert_array_equal(got, array, err_msg=dt)
+    raw = result._buffer  # BF16 has no numpy type: compare the bytes tritonclient received
+    out = next(o for o in result.get_response()["outputs"] if o["name"] == "OUT_BF16")
+    assert out["parameters"]["binary_data_size"] == 4
+    assert bf16_bits.tobytes() in raw
+
+
+def test_concurrent_requests_fill_one_batch(client: httpclient.InferenceServerClient) -> None:
+    before = _batch_counts(client, "batch8")
+    x = np.ones((1, 4), np.float32)
+    pending = [client.async_infer("batch8", [_input("IN", x * i, "FP32")]) for i in range(8)]
+    results = [p.get_result() for p in pending]
+    for i, result in enumerate(results):
+        np.testing.assert_array_equal(result.as_numpy("OUT"), x * i * 2)
+    after = _batch_counts(client, "batch8")
+    assert after.get(8, 0) - before.get(8, 0) == 1
+    assert sum(after.values()) - sum(before.values()) == 1
+
+
+def test_a_few_requests_wait_for_the_delay_then_run_together(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    before = _batch_counts(client, "batch8")
+    x = np.ones((1, 4), np.float32)
+    pending = [client.async_infer("batch8", [_input("IN", x, "FP32")]) for _ in range(3)]
+    for p in pending:
+        np.testing.assert_array_equal(p.get_result().as_numpy("OUT"), x * 2)
+    after = _batch_counts(client, "batch8")
+    assert after.get(3, 0) - before.get(3, 0) == 1
+    assert sum(after.values()) - sum(before.values()) == 1
+
+
+def test_requests_of_different_shapes_are_batched_by_shape(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    """Two lengths interleaved: two batches of 4 (the preferred size), one per length."""
+    before = _batch_counts(client, "varlen")
+    arrays = [np.arange(3 if i % 2 else 5, dtype=np.int32)[None, :] + i for i in range(8)]
+    pending = [client.async_infer("varlen", [_input("IN", a, "INT32")]) for a in arrays]
+    results = [p.get_result() for p in pending]
+    for array, result in zip(arrays, results, strict=True):
+        assert result.as_numpy("SUM")[0, 0] == array.sum()
+    after = _batch_counts(client, "varlen")
+    assert after.get(4, 0) - before.get(4, 0) == 2
+    assert sum(after.values()) - sum(before.values()) == 2
+
+
+def test_model_without_batching(client: httpclient.InferenceServerClient) -> None:
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    result = client.infer("nobatch", [_input("IN", x, "FP32")])
+    np.testing.assert_array_equal(result.as_numpy("OUT"), x.T)
+    assert client.get_model_metadata("nobatch")["inputs"][0]["shape"] == [2, 3]
+
+
+def test_broken_model_is_reported_and_others_still_served(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    assert not client.is_model_ready("broken")
+    index = {m["name"]: m for m in client.get_model_repository_index()}
+    assert index["broken"]["state"] == "UNAVAILABLE"
+    assert "preferred_batch_size" in index["broken"]["reason"]
+    assert index["batch8"]["state"] == "READY"
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("broken", [_input("IN", np.ones((1, 1), np.float32), "FP32")])
+    assert "preferred_batch_size" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("model", "inputs", "status", "message"),
+    [
+        ("nope", [("IN", np.ones((1, 4), np.float32), "FP32")], "400", "unknown model"),
+        ("batch8", [("IN", np.ones((1, 5), np.float32), "FP32")], "400", "unexpected shape"),
+        ("batch8", [("IN", np.ones((1, 4), np.int32), "INT32")], "400", "datatype"),
+        (
+            "batch8",
+            [("IN", np.ones((9, 4), np.float32), "FP32")],
+            "400",
+            "inference request batch-size must be <= 8 for 'batch8'",
+        ),
+        ("batch8", [("WRONG", np.ones((1, 4), np.float32), "FP32")], "400", "'WRONG'"),
+    ],
+)
+def test_bad_input_gets_400_naming_the_problem(
+    client: httpclient.InferenceServerClient, model: str, inputs: list, status: str, message: str
+) -> None:
+    with pytest.raises(InferenceServerException) as err:
+        client.infer(model, [_input(n, a, dt) for n, a, dt in inputs])
+    assert err.value.status() == status
+    assert message in err.value.message()
+
+
+def test_malformed_json_body_is_400(service: Service) -> None:
+    request = urllib.request.Request(
+        f"http://{service.http_url}/v2/models/batch8/infer", data=b"{not json", method="POST"
+    )
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(request)
+    assert err.value.code == 400
+    assert b"malformed JSON" in err.value.read()
+
+
+def test_statistics_and_metrics_cover_the_fleet(
+    client: httpclient.InferenceServerClient, service: Service
+) -> None:
+    client.infer("batch8", [_input("IN", np.ones((8, 4), np.float32), "FP32")])
+    stats = client.get_inference_statistics("batch8")["model_stats"][0]
+    for field in (
+        "success",
+        "fail",
+        "queue",
+        "compute_input",
+        "compute_infer",
+        "compute_output",
+        "cache_hit",
+        "cache_miss",
+    ):
+        assert set(stats["inference_stats"][field]) == {"count", "ns"}
+    assert stats["inference_count"] >= 8
+    text = urllib.request.urlopen(f"http://{service.metrics_url}/metrics").read().decode()
+    success = next(
+        line
+        for line in text.splitlines()
+        if line.startswith('nv_inference_request_success_total{model="batch8"')
+    )
+    assert float(success.split()[-1]) == stats["inference_stats"]["success"]["count"]
+    for name in (
+        "nv_inference_request_failure_total",
+        "nv_inference_count_total",
+        "nv_inference_exec_count_total",
+        "nv_inference_pending_request_count",
+        "nv_inference_request_duration_us_total",
+        "nv_inference_queue_duration_us_total",
+        "nv_inference_compute_infer_duration_us_total",
+        "sluice_batch_size_bucket",
+    ):
+        assert name in text, name

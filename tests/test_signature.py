@@ -1,0 +1,217 @@
+"""Request validation against a model signature (shared/signature.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from shared.datatypes import serialize_bytes_elements
+from shared.errors import InvalidInput
+from shared.protocol import Tensor
+from shared.signature import IOSpec, Signature, validate_inputs
+
+CONFIG: dict[str, Any] = {
+    "name": "m",
+    "max_batch_size": 8,
+    "input": [
+        {"name": "A", "data_type": "TYPE_FP32", "dims": [4]},
+        {"name": "B", "data_type": "TYPE_INT64", "dims": [-1, 2]},
+        {"name": "S", "data_type": "TYPE_STRING", "dims": [1]},
+    ],
+    "output": [{"name": "OUT", "data_type": "TYPE_FP32", "dims": [4]}],
+}
+SIG = Signature.from_config(CONFIG)
+
+
+def fp32(shape: tuple[int, ...], name: str = "A") -> Tensor:
+    return Tensor(name, "FP32", shape, np.zeros(shape, dtype="<f4").tobytes())
+
+
+def int64(shape: tuple[int, ...], name: str = "B") -> Tensor:
+    return Tensor(name, "INT64", shape, np.zeros(shape, dtype="<i8").tobytes())
+
+
+def strings(batch: int, name: str = "S") -> Tensor:
+    return Tensor(name, "BYTES", (batch, 1), serialize_bytes_elements([b"x"] * batch))
+
+
+def good(batch: int = 3) -> list[Tensor]:
+    return [fp32((batch, 4)), int64((batch, 5, 2)), strings(batch)]
+
+
+def invalid(inputs: list[Tensor], sig: Signature = SIG) -> str:
+    with pytest.raises(InvalidInput) as info:
+        validate_inputs(sig, inputs)
+    assert info.value.http_status == 400
+    return info.value.message
+
+
+def test_from_config() -> None:
+    assert SIG.name == "m"
+    assert SIG.max_batch_size == 8
+    assert SIG.inputs == (
+        IOSpec("A", "FP32", (4,)),
+        IOSpec("B", "INT64", (-1, 2)),
+        IOSpec("S", "BYTES", (1,)),
+    )
+    assert SIG.output_names() == ("OUT",)
+    assert SIG.full_shape(SIG.inputs[1]) == [-1, -1, 2]
+
+
+@pytest.mark.parametrize("batch", [1, 3, 8])
+def test_returns_the_batch_size(batch: int) -> None:
+    assert validate_inputs(SIG, good(batch)) == batch
+
+
+def test_order_of_inputs_does_not_matter() -> None:
+    assert validate_inputs(SIG, list(reversed(good(2)))) == 2
+
+
+def test_missing_input() -> None:
+    message = invalid(good()[:2])
+    assert message == "expected input 'S' for model 'm'"
+
+
+def test_unexpected_input() -> None:
+    message = invalid([*good(), fp32((3, 4), name="EXTRA")])
+    assert message == "unexpected inference input 'EXTRA' for model 'm'"
+
+
+def test_duplicate_input_name() -> None:
+    message = invalid([*good(), fp32((3, 4))])
+    assert message == "duplicate input name in request for model 'm'"
+
+
+def test_wrong_datatype() -> None:
+    inputs = good()
+    inputs[0] = Tensor("A", "FP64", (3, 4), np.zeros((3, 4), dtype="<f8").tobytes())
+    assert invalid(inputs) == "input 'A': datatype FP64 does not match the model's FP32"
+
+
+@pytest.mark.parametrize("shape", [(3,), (3, 4, 1), (3, 2, 2)])
+def test_wrong_rank(shape: tuple[int, ...]) -> None:
+    inputs = good()
+    inputs[0] = fp32(shape)
+    message = invalid(inputs)
+    assert message == f"input 'A': unexpected shape {list(shape)}, model expects [-1, 4]"
+
+
+def test_fixed_dim_mismatch() -> None:
+    inputs = good()
+    inputs[0] = fp32((3, 5))
+    assert invalid(inputs) == "input 'A': unexpected shape [3, 5], model expects [-1, 4]"
+    inputs = good()
+    inputs[1] = int64((3, 5, 3))
+    assert invalid(inputs) == "input 'B': unexpected shape [3, 5, 3], model expects [-1, -1, 2]"
+
+
+@pytest.mark.parametrize("variable", [0, 1, 7, 1000])
+def test_variable_dims_accept_any_size(variable: int) -> None:
+    inputs = good(2)
+    inputs[1] = int64((2, variable, 2))
+    assert validate_inputs(SIG, inputs) == 2
+
+
+def test_missing_batch_dim() -> None:
+    inputs = good()
+    inputs[0] = fp32((0, 4))
+    assert invalid(inputs) == "input 'A': shape [0, 4] lacks a batch dim"
+    sig = Signature.from_config({**CONFIG, "input": [CONFIG["input"][0]]})
+    assert invalid([Tensor("A", "FP32", (), b"")], sig) == "input 'A': shape [] lacks a batch dim"
+
+
+def test_inputs_with_differing_batch_dims() -> None:
+    inputs = [fp32((3, 4)), int64((2, 5, 2)), strings(3)]
+    message = invalid(inputs)
+    assert message == "input 'B' batch size does not match other inputs for 'm'"
+
+
+def test_batch_larger_than_max_batch_size() -> None:
+    message = invalid(good(9))
+    assert message == "inference request batch-size must be <= 8 for 'm'"
+
+
+def test_negative_dim() -> None:
+    inputs = good()
+    inputs[1] = Tensor("B", "INT64", (3, -2, 2), b"")
+    assert invalid(inputs) == "input 'B': negative dim in shape [3, -2, 2]"
+
+
+def test_byte_size_mismatch() -> None:
+    inputs = good()
+    inputs[0] = Tensor("A", "FP32", (3, 4), b"\0" * 44)
+    assert invalid(inputs) == "input 'A': got 44 bytes, shape [3, 4] of FP32 needs 48"
+
+
+def test_byte_size_of_a_memoryview_counts_bytes() -> None:
+    array = np.zeros((2, 4), dtype="<f4")
+    inputs = [Tensor("A", "FP32", (2, 4), memoryview(array)), int64((2, 1, 2)), strings(2)]
+    assert validate_inputs(SIG, inputs) == 2
+    inputs[0] = Tensor("A", "FP32", (2, 4), memoryview(array)[:1])
+    assert invalid(inputs) == "input 'A': got 16 bytes, shape [2, 4] of FP32 needs 32"
+
+
+NO_BATCH = Signature.from_config(
+    {
+        "name": "flat",
+        "max_batch_size": 0,
+        "input": [{"name": "X", "data_type": "TYPE_INT32", "dims": [2, 3]}],
+        "output": [{"name": "Y", "data_type": "TYPE_INT32", "dims": [2, 3]}],
+    }
+)
+
+
+def int32(shape: tuple[int, ...]) -> Tensor:
+    return Tensor("X", "INT32", shape, np.zeros(shape, dtype="<i4").tobytes())
+
+
+def test_max_batch_size_zero_has_no_batch_dim() -> None:
+    assert NO_BATCH.full_shape(NO_BATCH.inputs[0]) == [2, 3]
+    assert validate_inputs(NO_BATCH, [int32((2, 3))]) == 1
+    message = invalid([int32((1, 2, 3))], NO_BATCH)
+    assert message == "input 'X': unexpected shape [1, 2, 3], model expects [2, 3]"
+    message = invalid([int32((4, 3))], NO_BATCH)
+    assert message == "input 'X': unexpected shape [4, 3], model expects [2, 3]"
+
+
+OPTIONAL = Signature.from_config(
+    {
+        "name": "opt",
+        "max_batch_size": 4,
+        "input": [
+            {"name": "A", "data_type": "TYPE_FP32", "dims": [4]},
+            {"name": "MASK", "data_type": "TYPE_BOOL", "dims": [4], "optional": True},
+        ],
+        "output": [],
+    }
+)
+
+
+def test_optional_input_may_be_absent() -> None:
+    assert OPTIONAL.inputs[1].optional
+    assert validate_inputs(OPTIONAL, [fp32((2, 4))]) == 2
+
+
+def test_optional_input_is_still_checked_when_present() -> None:
+    mask = Tensor("MASK", "BOOL", (2, 4), b"\x01" * 8)
+    assert validate_inputs(OPTIONAL, [fp32((2, 4)), mask]) == 2
+    short_mask = Tensor("MASK", "BOOL", (2, 4), b"\x01" * 7)
+    assert invalid([fp32((2, 4)), short_mask], OPTIONAL) == (
+        "input 'MASK': got 7 bytes, shape [2, 4] of BOOL needs 8"
+    )
+    assert invalid([fp32((2, 4)), Tensor("MASK", "BOOL", (3, 4), b"\x01" * 12)], OPTIONAL) == (
+        "input 'MASK' batch size does not match other inputs for 'opt'"
+    )
+
+
+def test_required_input_missing_next_to_an_optional_one() -> None:
+    mask = Tensor("MASK", "BOOL", (2, 4), b"\x01" * 8)
+    assert invalid([mask], OPTIONAL) == "expected input 'A' for model 'opt'"
+
+
+def test_batch_limit_uses_the_model_name_and_its_max() -> None:
+    assert invalid([fp32((5, 4))], OPTIONAL) == (
+        "inference request batch-size must be <= 4 for 'opt'"
+    )
