@@ -64,6 +64,7 @@ def build_named_args_model(path: Path) -> None:
 def model_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     repo = tmp_path_factory.mktemp("repo") / "models"
     shutil.copytree(HERE / "model_repo", repo)
+    (repo / "named_args" / "1").mkdir(parents=True, exist_ok=True)  # git keeps no empty dirs
     build_named_args_model(repo / "named_args" / "1" / "model.pt")
     return repo
 

@@ -1,0 +1,55 @@
+"""`sluice serve` with its embedded Redis: one command up, one signal down, nothing left."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from tests.conftest import start_service, stop_service
+
+
+def _descendants(pid: int) -> set[int]:
+    found: set[int] = set()
+    stack = [pid]
+    while stack:
+        parent = stack.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            children = (task / "children").read_text().split()
+            for child in map(int, children):
+                if child not in found:
+                    found.add(child)
+                    stack.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
+def test_serve_starts_redis_and_workers_and_leaves_nothing(
+    model_repo: Path, stop_signal: signal.Signals
+) -> None:
+    service = start_service(["--model-repository", str(model_repo), "--workers", "2"])
+    children = _descendants(service.process.pid)
+    commands = {pid: Path(f"/proc/{pid}/cmdline").read_bytes() for pid in children}
+    assert sum(b"redis-server" in c for c in commands.values()) == 1
+    assert sum(b"worker" in c for c in commands.values()) == 2
+    client = httpclient.InferenceServerClient(service.http_url)
+    x = np.ones((1, 4), np.float32)
+    inp = httpclient.InferInput("IN", [1, 4], "FP32")
+    inp.set_data_from_numpy(x)
+    np.testing.assert_array_equal(client.infer("batch8", [inp]).as_numpy("OUT"), x * 2)
+    client.close()
+    service.process.send_signal(stop_signal)
+    assert service.process.wait(60) == 0
+    stop_service(service)
+    assert not [pid for pid in children if _alive(pid)]
