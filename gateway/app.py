@@ -185,7 +185,11 @@ class GatewayApp:
             {k: v for k, v in parsed.parameters.items() if k in ("priority", "timeout")},
         )
         result = await self.dispatcher.submit(
-            view.name, request, sig.max_batch_size, self.limits.request_timeout_s
+            view.name,
+            request,
+            sig.max_batch_size,
+            self.limits.request_timeout_s,
+            view.preserve_ordering,
         )
         if result.error is not None:
             raise error_from_code(*result.error)

@@ -40,14 +40,44 @@ class Dispatcher:
         self._sending: set[asyncio.Task[None]] = set()
         #: "model:version" -> requests sent and not yet answered.
         self.inflight: Counter[str] = Counter()
+        #: per model with preserve_ordering: released when the latest request was answered.
+        self._last_released: dict[str, asyncio.Future[None]] = {}
 
     def new_request_id(self) -> str:
         return f"{self._prefix}:{next(self._ids)}"
 
     async def submit(
+        self,
+        model: str,
+        request: Request,
+        max_per_entry: int,
+        timeout_s: float,
+        preserve_ordering: bool = False,
+    ) -> Result:
+        """Queue `request` on `model`'s stream and wait for its result.
+
+        With `preserve_ordering` (Triton's dynamic_batching option) a result is released only
+        after every earlier request to the same model through this gateway was answered.
+        """
+        if not preserve_ordering:
+            return await self._submit(model, request, max_per_entry, timeout_s)
+        loop = asyncio.get_running_loop()
+        earlier = self._last_released.get(model)
+        released: asyncio.Future[None] = loop.create_future()
+        self._last_released[model] = released
+        try:
+            result = await self._submit(model, request, max_per_entry, timeout_s)
+            if earlier is not None:
+                await earlier
+            return result
+        finally:
+            released.set_result(None)
+            if self._last_released.get(model) is released:
+                del self._last_released[model]
+
+    async def _submit(
         self, model: str, request: Request, max_per_entry: int, timeout_s: float
     ) -> Result:
-        """Queue `request` on `model`'s stream and wait for its result."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Result] = loop.create_future()
         self.waiting[request.id] = future

@@ -48,6 +48,11 @@ class ModelView:
     def ready(self) -> bool:
         return bool(self.ready_versions)
 
+    @property
+    def preserve_ordering(self) -> bool:
+        batching = (self.config or {}).get("dynamic_batching") or {}
+        return bool(batching.get("preserve_ordering"))
+
     def resolve_version(self, requested: str | None) -> int:
         """0 means "whatever the worker serves as latest"; a named version must be ready."""
         if requested is None:

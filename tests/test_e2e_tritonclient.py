@@ -231,3 +231,18 @@ def test_statistics_and_metrics_cover_the_fleet(
         "sluice_batch_size_bucket",
     ):
         assert name in text, name
+
+
+def test_versions_are_served_side_by_side(client: httpclient.InferenceServerClient) -> None:
+    assert client.get_model_metadata("versioned")["versions"] == ["1", "2"]
+    x = np.array([[10]], np.int32)
+    for version in ("1", "2"):
+        result = client.infer("versioned", [_input("IN", x, "INT32")], model_version=version)
+        assert result.as_numpy("OUT")[0, 0] == 10 + int(version)
+        assert result.get_response()["model_version"] == version
+    latest = client.infer("versioned", [_input("IN", x, "INT32")])
+    assert latest.get_response()["model_version"] == "2"
+    assert client.is_model_ready("versioned", "1")
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("versioned", [_input("IN", x, "INT32")], model_version="3")
+    assert err.value.status() == "400"

@@ -1,0 +1,88 @@
+"""The gateway's dispatcher against a real Redis, with the test playing the worker."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from gateway.dispatcher import Dispatcher
+from shared import keys
+from shared.errors import Unavailable
+from shared.protocol import Request, Result, Tensor, decode_requests, encode_results
+from shared.redis_client import async_client
+
+
+@pytest.fixture
+async def dispatcher(redis_url: str) -> AsyncIterator[Dispatcher]:
+    redis = async_client(redis_url)
+    reader = async_client(redis_url, socket_timeout_s=None)
+    d = Dispatcher(redis, reader, "gw-test")
+    task = asyncio.create_task(d.read_replies())
+    yield d
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await redis.aclose()
+    await reader.aclose()
+
+
+def _request(d: Dispatcher) -> Request:
+    return Request(d.new_request_id(), 1, 0, d.reply_stream, [Tensor("IN", "INT8", (1,), b"\x01")])
+
+
+async def _entries(redis: aioredis.Redis, model: str, count: int) -> list[list[Request]]:
+    stream = keys.request_stream(model)
+    while await redis.xlen(stream) < count:
+        await asyncio.sleep(0)
+    return [decode_requests(fields) for _, fields in await redis.xrange(stream)]
+
+
+async def _answer(redis: aioredis.Redis, d: Dispatcher, *ids: str) -> None:
+    await redis.xadd(d.reply_stream, encode_results([Result(i) for i in ids]))
+
+
+async def test_requests_of_one_loop_turn_share_one_entry(dispatcher: Dispatcher) -> None:
+    requests = [_request(dispatcher) for _ in range(10)]
+    waits = [asyncio.create_task(dispatcher.submit("m", r, 4, 30)) for r in requests]
+    entries = await _entries(dispatcher.redis, "m", 3)
+    assert [len(e) for e in entries] == [4, 4, 2]  # at most max_batch_size requests an entry
+    assert [r.id for e in entries for r in e] == [r.id for r in requests]
+    await _answer(dispatcher.redis, dispatcher, *(r.id for r in reversed(requests)))
+    results = await asyncio.gather(*waits)
+    assert [r.id for r in results] == [r.id for r in requests]
+    assert dispatcher.inflight_snapshot() == {}
+
+
+async def test_preserve_ordering_holds_a_later_result_back(dispatcher: Dispatcher) -> None:
+    first, second = _request(dispatcher), _request(dispatcher)
+    done: list[str] = []
+
+    async def submit(request: Request) -> None:
+        await dispatcher.submit("ordered", request, 8, 30, preserve_ordering=True)
+        done.append(request.id)
+
+    tasks = [asyncio.create_task(submit(first)), asyncio.create_task(submit(second))]
+    await _entries(dispatcher.redis, "ordered", 1)
+    await _answer(dispatcher.redis, dispatcher, second.id)
+    while second.id in dispatcher.waiting:  # its result has arrived...
+        await asyncio.sleep(0)
+    assert done == []  # ...but it waits for the first one
+    await _answer(dispatcher.redis, dispatcher, first.id)
+    await asyncio.gather(*tasks)
+    assert done == [first.id, second.id]
+
+
+async def test_no_result_in_time_is_a_503(dispatcher: Dispatcher) -> None:
+    with pytest.raises(Unavailable, match="Request timeout expired"):
+        await dispatcher.submit("m", _request(dispatcher), 8, 0.05)
+    assert dispatcher.waiting == {}
+
+
+async def test_unreachable_redis_fails_fast_with_503() -> None:
+    redis = async_client("redis://127.0.0.1:1/0")
+    d = Dispatcher(redis, redis, "gw-down")
+    with pytest.raises(Unavailable, match="queue unavailable"):
+        await d.submit("m", _request(d), 8, 30)
+    await redis.aclose()
