@@ -22,6 +22,11 @@ def request_stream(model: str) -> str:
     return f"{_model_tag(model)}:requests"
 
 
+def dead_letters(model: str) -> str:
+    """Entries that kept killing workers, kept for an operator to inspect (XRANGE)."""
+    return f"{_model_tag(model)}:dead"
+
+
 def model_stats(model: str) -> str:
     """Hash of cumulative counters (Triton statistics) that workers HINCRBY after each batch."""
     return f"{_model_tag(model)}:stats"

@@ -56,6 +56,22 @@ max_body = _option(
     type=int,
     help="Largest accepted request body.",
 )
+claim_idle = _option(
+    "--claim-idle-ms",
+    env="CLAIM_IDLE_MS",
+    default=10_000,
+    type=click.IntRange(min=100),
+    help="A request held this long by a worker that stopped refreshing it (crashed) is taken "
+    "over by another worker.",
+)
+max_deliveries = _option(
+    "--max-deliveries",
+    env="MAX_DELIVERIES",
+    default=3,
+    type=click.IntRange(min=1),
+    help="A request delivered more often than this (it kept killing workers) fails with an "
+    "error and moves to the model's dead-letter stream.",
+)
 log_level = _option(
     "--log-level",
     env="LOG_LEVEL",
@@ -98,6 +114,8 @@ def main() -> None:
 )
 @timeout
 @max_body
+@claim_idle
+@max_deliveries
 @log_level
 def serve(
     model_repository: Path,
@@ -108,6 +126,8 @@ def serve(
     workers: int,
     request_timeout: float,
     max_body_bytes: int,
+    claim_idle_ms: int,
+    max_deliveries: int,
     log_level: str,
 ) -> None:
     """Run Redis (if needed), workers and a gateway in one command."""
@@ -117,7 +137,16 @@ def serve(
     gateway = _gateway_config(
         redis_url or "", host, http_port, metrics_port, request_timeout, max_body_bytes
     )
-    run_serve(ServeConfig(model_repository, gateway, workers, embedded_redis=redis_url is None))
+    worker_args = ("--claim-idle-ms", str(claim_idle_ms), "--max-deliveries", str(max_deliveries))
+    run_serve(
+        ServeConfig(
+            model_repository,
+            gateway,
+            workers,
+            embedded_redis=redis_url is None,
+            worker_args=worker_args,
+        )
+    )
 
 
 @main.command()
@@ -161,11 +190,22 @@ def gateway(
     default=None,
     help="Comma-separated models to serve (default: every model in the repository).",
 )
+@claim_idle
+@max_deliveries
 @log_level
-def worker(model_repository: Path, redis_url: str, models: str | None, log_level: str) -> None:
+def worker(
+    model_repository: Path,
+    redis_url: str,
+    models: str | None,
+    claim_idle_ms: int,
+    max_deliveries: int,
+    log_level: str,
+) -> None:
     """Run one worker process serving the repository's models."""
+    from workers.recovery import RecoveryPolicy
     from workers.worker import WorkerConfig, run_worker
 
     _logging(log_level)
     wanted = tuple(m.strip() for m in models.split(",") if m.strip()) if models else None
-    run_worker(WorkerConfig(model_repository, redis_url, wanted))
+    recovery = RecoveryPolicy(claim_idle_ms, max_deliveries)
+    run_worker(WorkerConfig(model_repository, redis_url, wanted, recovery=recovery))

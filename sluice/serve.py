@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import dataclasses
 import logging
 import signal
 import sys
@@ -33,6 +34,8 @@ class ServeConfig:
     gateway: GatewayConfig
     workers: int = 1
     embedded_redis: bool = False
+    #: extra `sluice worker` options (recovery settings) passed to every worker.
+    worker_args: tuple[str, ...] = ()
 
 
 def _die_with_parent() -> None:
@@ -42,7 +45,9 @@ def _die_with_parent() -> None:
 class WorkerPool:
     """Keeps `count` worker processes alive until stopped."""
 
-    def __init__(self, count: int, repository: Path, redis_url: str) -> None:
+    def __init__(
+        self, count: int, repository: Path, redis_url: str, extra: tuple[str, ...] = ()
+    ) -> None:
         self.count = count
         self.argv = [
             sys.executable,
@@ -53,6 +58,7 @@ class WorkerPool:
             str(repository),
             "--redis-url",
             redis_url,
+            *extra,
         ]
         self.processes: dict[int, asyncio.subprocess.Process] = {}
         self.stopping = False
@@ -88,7 +94,9 @@ class WorkerPool:
 
 
 async def _serve(config: ServeConfig) -> None:
-    pool = WorkerPool(config.workers, config.model_repository, config.gateway.redis_url)
+    pool = WorkerPool(
+        config.workers, config.model_repository, config.gateway.redis_url, config.worker_args
+    )
     pool.start()
     host, port = config.gateway.host, config.gateway.http_port
 
@@ -108,10 +116,6 @@ def run_serve(config: ServeConfig) -> None:
         if config.embedded_redis:
             redis_server = stack.enter_context(EmbeddedRedis())
             log.info("embedded Redis at %s", redis_server.url)
-            gateway = GatewayConfig(**{**_fields(config.gateway), "redis_url": redis_server.url})
-            config = ServeConfig(config.model_repository, gateway, config.workers, True)
+            gateway = dataclasses.replace(config.gateway, redis_url=redis_server.url)
+            config = dataclasses.replace(config, gateway=gateway)
         uvloop.run(_serve(config))
-
-
-def _fields(gateway: GatewayConfig) -> dict[str, object]:
-    return {name: getattr(gateway, name) for name in gateway.__dataclass_fields__}

@@ -246,3 +246,24 @@ def test_versions_are_served_side_by_side(client: httpclient.InferenceServerClie
     with pytest.raises(InferenceServerException) as err:
         client.infer("versioned", [_input("IN", x, "INT32")], model_version="3")
     assert err.value.status() == "400"
+
+
+def test_a_failing_request_does_not_poison_its_batch(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    before = _batch_counts(client, "picky")
+    values = [1, 13, 2, 3]
+    pending = [
+        client.async_infer("picky", [_input("IN", np.array([[v]], np.int32), "INT32")])
+        for v in values
+    ]
+    for value, request in zip(values, pending, strict=True):
+        if value == 13:
+            with pytest.raises(InferenceServerException) as err:
+                request.get_result()
+            assert err.value.status() == "500"
+            assert "13 is unlucky" in err.value.message()
+        else:
+            assert request.get_result().as_numpy("OUT")[0, 0] == value * 10
+    after = _batch_counts(client, "picky")
+    assert after.get(4, 0) - before.get(4, 0) == 1  # they did meet in one batch

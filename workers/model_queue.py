@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from collections import defaultdict
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 import redis.asyncio as aioredis
 import torch
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared import keys
@@ -30,6 +32,7 @@ from shared.stats import FINISH_BATCH_LUA, BatchStats
 from workers.batcher import BatchRules, Pending, Send, next_batch
 from workers.execution import run_batch
 from workers.models import Infer
+from workers.recovery import STALE_CONSUMER_PERIODS, Claimed, Recovery, RecoveryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +82,7 @@ class ModelQueue:
         reader: aioredis.Redis,
         consumer: str,
         block_ms: int = 1000,
+        recovery: RecoveryPolicy | None = None,
     ) -> None:
         self.spec = spec
         self.signature = Signature.from_config(spec.config_json)
@@ -94,6 +98,7 @@ class ModelQueue:
         self.stats_key = keys.model_stats(spec.name)
         self.state = QueueState(free_lanes=list(range(spec.instance_count)))
         self._finish = redis.register_script(FINISH_BATCH_LUA)
+        self.recovery = Recovery(redis, spec.name, consumer, recovery or RecoveryPolicy())
         self._pool = ThreadPoolExecutor(spec.instance_count, thread_name_prefix=f"{spec.name}")
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
@@ -114,12 +119,23 @@ class ModelQueue:
         self._room.set()
 
     async def run(self) -> None:
-        await self.ensure_group()
+        for attempt in itertools.count():
+            try:
+                await self.ensure_group()
+                break
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                delay = RETRY_DELAYS_S[min(attempt, len(RETRY_DELAYS_S) - 1)]
+                log.warning(
+                    "%s: Redis unreachable (%s); retrying in %.2fs", self.spec.name, exc, delay
+                )
+                await asyncio.sleep(delay)
         reader = asyncio.create_task(self._read_loop(), name=f"read:{self.spec.name}")
+        recovery = asyncio.create_task(self._recovery_loop(), name=f"recover:{self.spec.name}")
         try:
             await self._batch_loop()
         finally:
             reader.cancel()
+            recovery.cancel()
             if self._running:
                 await asyncio.gather(*self._running, return_exceptions=True)
             self._pool.shutdown(wait=True)
@@ -141,6 +157,14 @@ class ModelQueue:
                     block=self.block_ms,
                 )
                 attempt = 0
+            except aioredis.ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                log.warning(
+                    "%s: consumer group gone (Redis lost its data?); recreating", self.spec.name
+                )
+                await self.ensure_group()
+                continue
             except (RedisConnectionError, RedisTimeoutError) as exc:
                 delay = RETRY_DELAYS_S[min(attempt, len(RETRY_DELAYS_S) - 1)]
                 log.warning(
@@ -167,22 +191,26 @@ class ModelQueue:
             requests = decode_requests(fields)
         except ProtocolError as exc:
             log.error("%s: dropping undecodable entry %r: %s", self.spec.name, entry_id, exc)
-            self.state.unanswered[entry_id] = 0
             self._spawn(self._publish([], [], None, extra_acks=[entry_id]))
             return []
+        return self._queue(entry_id, requests, now, alone=False)
+
+    def _queue(
+        self, entry_id: bytes, requests: Sequence[Request], now: int, alone: bool
+    ) -> list[tuple[Queued, Result]]:
         self.state.unanswered[entry_id] = len(requests)
         rejected = []
         for request in requests:
             queued = Queued(request, entry_id, Pending(None, 1, min(request.enqueue_ns, now)))
             try:
-                queued.pending = self._pending(request, queued.pending.start_ns)
+                queued.pending = self._pending(request, queued.pending.start_ns, alone)
             except SluiceError as exc:
                 rejected.append((queued, Result(request.id, error=(exc.code, exc.message))))
                 continue
             self.state.pending.append(queued)
         return rejected
 
-    def _pending(self, request: Request, start_ns: int) -> Pending:
+    def _pending(self, request: Request, start_ns: int, alone: bool) -> Pending:
         if request.version == 0:
             request.version = self.default_version
         elif request.version not in self.instances:
@@ -195,7 +223,8 @@ class ModelQueue:
             (t.name, t.shape[1:] if batched else t.shape)
             for t in sorted(request.inputs, key=lambda t: t.name)
         )
-        return Pending((request.version, shapes), size, start_ns)
+        group = ("alone", request.id) if alone else (request.version, shapes)
+        return Pending(group, size, start_ns)
 
     def _update_room(self) -> None:
         queued = sum(q.pending.batch_size for q in self.state.pending)
@@ -238,37 +267,99 @@ class ModelQueue:
 
     async def _execute(self, lane: int, batch: list[Queued]) -> None:
         requests = [q.request for q in batch]
-        sizes = [q.pending.batch_size for q in batch]
-        version = requests[0].version
-        infer = self.instances[version][lane]
         started = time.time_ns()
-        stats = BatchStats(version, sum(sizes), started // 1_000_000)
+        stats = BatchStats(
+            requests[0].version, sum(q.pending.batch_size for q in batch), started // 1_000_000
+        )
         stats.queue_ns = sum(max(0, started - r.enqueue_ns) for r in requests)
-        try:
-            outputs, timing = await asyncio.get_running_loop().run_in_executor(
-                self._pool, run_batch, self.spec, infer, requests, sizes, self.device
-            )
-            results = [Result(r.id, outs) for r, outs in zip(requests, outputs, strict=True)]
-            stats.requests_ok = len(requests)
-            stats.input_ns, stats.infer_ns, stats.output_ns = (
-                timing.input_ns,
-                timing.infer_ns,
-                timing.output_ns,
-            )
-        except Exception as exc:  # the model's own failure: every request of the batch gets it
-            error = (
-                exc
-                if isinstance(exc, ModelExecutionError)
-                else ModelExecutionError(f"model '{self.spec.name}' failed: {exc}")
-            )
-            log.warning("%s: batch of %d failed: %s", self.spec.name, len(batch), exc)
-            results = [Result(r.id, error=(error.code, error.message)) for r in requests]
-            stats.requests_failed = len(requests)
+        results = await self._run_isolating(lane, batch, stats)
+        failed = sum(r.error is not None for r in results)
+        stats.requests_ok, stats.requests_failed = len(results) - failed, failed
         finished = time.time_ns()
         stats.request_ns = sum(max(0, finished - r.enqueue_ns) for r in requests)
         await self._publish(batch, results, stats)
         self.state.batches_done += 1
         self.state.free_lanes.append(lane)
+        self._update_room()
+        self._wake.set()
+
+    async def _run_isolating(
+        self, lane: int, batch: Sequence[Queued], stats: BatchStats
+    ) -> list[Result]:
+        """Run a batch; if the model raises, re-run the halves so only the culprit fails."""
+        requests = [q.request for q in batch]
+        sizes = [q.pending.batch_size for q in batch]
+        infer = self.instances[requests[0].version][lane]
+        try:
+            outputs, timing = await asyncio.get_running_loop().run_in_executor(
+                self._pool, run_batch, self.spec, infer, requests, sizes, self.device
+            )
+        except Exception as exc:  # the model's own failure, reported to its request
+            if len(batch) > 1:
+                middle = len(batch) // 2
+                return [
+                    *await self._run_isolating(lane, batch[:middle], stats),
+                    *await self._run_isolating(lane, batch[middle:], stats),
+                ]
+            error = (
+                exc
+                if isinstance(exc, ModelExecutionError)
+                else ModelExecutionError(f"model '{self.spec.name}' failed: {exc}")
+            )
+            log.warning("%s: request %s failed: %s", self.spec.name, requests[0].id, exc)
+            return [Result(requests[0].id, error=(error.code, error.message))]
+        stats.input_ns += timing.input_ns
+        stats.infer_ns += timing.infer_ns
+        stats.output_ns += timing.output_ns
+        return [Result(r.id, outs) for r, outs in zip(requests, outputs, strict=True)]
+
+    # -- recovery ----------------------------------------------------------------------
+
+    async def _recovery_loop(self) -> None:
+        rounds = 0
+        while not self.state.stopping:
+            await asyncio.sleep(self.recovery.interval_s)
+            try:
+                await self.recovery.keep_alive(list(self.state.unanswered))
+                if self._room.is_set() and not self.state.stopping:
+                    await self._take_over(
+                        await self.recovery.claim(max(1, self.spec.max_batch_size))
+                    )
+                rounds += 1
+                if rounds % STALE_CONSUMER_PERIODS == 0:
+                    await self.recovery.prune_consumers()
+            except RedisError as exc:
+                log.warning("%s: recovery round failed: %s", self.spec.name, exc)
+
+    async def _take_over(self, claimed: list[Claimed]) -> None:
+        now = time.time_ns()
+        rejected: list[tuple[Queued, Result]] = []
+        for item in claimed:
+            if item.entry_id in self.state.unanswered:
+                continue
+            try:
+                requests = decode_requests(item.fields) if item.fields else []
+            except ProtocolError as exc:
+                await self.recovery.dead_letter(item, f"undecodable: {exc}")
+                requests = []
+            if not requests:
+                await self._publish([], [], None, extra_acks=[item.entry_id])
+            elif len(requests) > 1:
+                await self.recovery.split(item.entry_id, requests)
+            elif self.recovery.too_often(item):
+                reason = (
+                    f"request {requests[0].id} was delivered {item.deliveries} times and its "
+                    f"worker died each time; moved to dead-letter stream "
+                    f"{self.recovery.dead_stream}"
+                )
+                await self.recovery.dead_letter(item, reason)
+                self.state.unanswered[item.entry_id] = 1
+                queued = Queued(requests[0], item.entry_id, Pending(None, 1, now))
+                rejected.append((queued, Result(requests[0].id, error=("INTERNAL", reason))))
+            else:
+                rejected += self._queue(item.entry_id, requests, now, alone=True)
+        if rejected:
+            await self._publish([q for q, _ in rejected], [r for _, r in rejected], None)
         self._update_room()
         self._wake.set()
 

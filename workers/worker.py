@@ -8,11 +8,13 @@ import os
 import signal
 import socket
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import uvloop
+from redis.asyncio.client import Pipeline
+from redis.exceptions import RedisError
 
 from shared import keys
 from shared.errors import ModelConfigError
@@ -27,6 +29,7 @@ from shared.registry import (
 from shared.repository import ModelEntry, scan_repository
 from workers.model_queue import ModelQueue
 from workers.models import Infer, choose_device, load_instance
+from workers.recovery import RecoveryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +45,7 @@ class WorkerConfig:
     models: tuple[str, ...] | None = None
     worker_id: str = ""
     block_ms: int = 1000
+    recovery: RecoveryPolicy = field(default_factory=RecoveryPolicy)
 
     def member_id(self) -> str:
         suffix = uuid.uuid4().hex[:6]
@@ -88,7 +92,6 @@ class Worker:
         self.redis = async_client(config.redis_url)
         self.queues: list[ModelQueue] = []
         self.statuses: dict[str, ModelStatus] = {}
-        self.stopped = asyncio.Event()
 
     def _load(self) -> list[Loaded]:
         entries = scan_repository(self.config.model_repository)
@@ -115,19 +118,16 @@ class Worker:
             log.info("model %r versions %s ready on %s", entry.name, entry.versions, device)
         return loaded
 
-    async def _register(self, loaded: list[Loaded]) -> None:
-        pipe = self.redis.pipeline(transaction=False)
-        for entry, _, _ in loaded:
-            assert entry.spec is not None
-            pipe.hset(
-                keys.MODELS,
-                entry.name,
-                encode_model_record(entry.spec.config_json, list(entry.versions), None),
-            )
+    def _announce(self, pipe: Pipeline) -> None:
+        """Model records and our heartbeat; re-sent every beat so a Redis that lost its data
+        learns them again."""
+        for queue in self.queues:
+            record = encode_model_record(queue.spec.config_json, sorted(queue.instances), None)
+            pipe.hset(keys.MODELS, queue.spec.name, record)
         for name, status in self.statuses.items():
             if not status.ready_versions:
                 pipe.hsetnx(keys.MODELS, name, encode_model_record(None, [], status.reason))
-        await pipe.execute()
+        pipe.hset(keys.FLEET, self.id, self._member().encode())
 
     def _member(self) -> Member:
         return Member(
@@ -145,9 +145,11 @@ class Worker:
 
     async def _heartbeat(self) -> None:
         while True:
+            pipe = self.redis.pipeline(transaction=False)
+            self._announce(pipe)
             try:
-                await self.redis.hset(keys.FLEET, self.id, self._member().encode())
-            except Exception as exc:  # Redis down: keep serving, report when it is back
+                await pipe.execute()
+            except RedisError as exc:  # Redis down: keep serving, report when it is back
                 log.warning("heartbeat failed: %s", exc)
             await asyncio.sleep(HEARTBEAT_INTERVAL_S)
 
@@ -163,10 +165,16 @@ class Worker:
             reader = async_client(self.config.redis_url, socket_timeout_s=None)
             self.queues.append(
                 ModelQueue(
-                    entry.spec, instances, device, self.redis, reader, self.id, self.config.block_ms
+                    entry.spec,
+                    instances,
+                    device,
+                    self.redis,
+                    reader,
+                    self.id,
+                    self.config.block_ms,
+                    self.config.recovery,
                 )
             )
-        await self._register(loaded)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop)
@@ -183,7 +191,7 @@ class Worker:
             heartbeat.cancel()
             try:
                 await self.redis.hdel(keys.FLEET, self.id)
-            except Exception as exc:  # best effort: the entry also expires on its own
+            except RedisError as exc:  # best effort: the entry also expires on its own
                 log.warning("could not remove fleet entry: %s", exc)
             await self.redis.aclose()
             for q in self.queues:

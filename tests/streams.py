@@ -1,0 +1,93 @@
+"""Helpers for tests that play the gateway's part straight on Redis streams."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import redis
+
+from shared import keys
+from shared.protocol import Request, Tensor, decode_results
+
+GATED_CONFIG = """
+name: "gated"
+backend: "python"
+max_batch_size: {max_batch}
+input [ {{ name: "IN", data_type: TYPE_INT64, dims: [ 1 ] }} ]
+output [ {{ name: "OUT", data_type: TYPE_INT64, dims: [ 1 ] }} ]
+dynamic_batching {{ }}
+"""
+
+GATED_MODEL = textwrap.dedent('''
+    import os
+
+    import redis
+
+
+    class Model:
+        """Holds every batch until the test lets it go, so the test sees what was pulled."""
+
+        def __init__(self, context):
+            self.redis = redis.Redis.from_url(os.environ["GATE_REDIS_URL"])
+
+        def infer(self, inputs):
+            self.redis.rpush("entered", len(inputs["IN"]))
+            self.redis.blpop("gate")
+            return {"OUT": inputs["IN"] + 1}
+''')
+
+
+def write_gated_repo(root: Path, max_batch: int) -> Path:
+    (root / "gated" / "1").mkdir(parents=True)
+    (root / "gated" / "config.pbtxt").write_text(GATED_CONFIG.format(max_batch=max_batch))
+    (root / "gated" / "1" / "model.py").write_text(GATED_MODEL)
+    return root
+
+
+def int_request(i: int, reply_to: str) -> Request:
+    data = np.array([[i]], dtype=np.int64)
+    return Request(
+        f"r{i}", 1, time.time_ns(), reply_to, [Tensor("IN", "INT64", (1, 1), data.tobytes())]
+    )
+
+
+def start_worker(repo: Path, redis_url: str, *extra: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sluice",
+            "worker",
+            "--model-repository",
+            str(repo),
+            "--redis-url",
+            redis_url,
+            *extra,
+        ],
+        env={**os.environ, "GATE_REDIS_URL": redis_url},
+    )
+
+
+def collect_results(client: redis.Redis, reply_to: str, expected: int) -> list[tuple[str, int]]:
+    """Every (request id, first output value) published to `reply_to`, in order."""
+    seen: list[tuple[str, int]] = []
+    last = "0-0"
+    while len(seen) < expected:
+        reply = client.xread({reply_to: last}, block=60_000)
+        assert reply, "workers stopped answering"
+        for entry_id, fields in reply[0][1]:
+            last = entry_id
+            for result in decode_results(fields):
+                assert result.error is None, result.error
+                seen.append((result.id, int(np.frombuffer(result.outputs[0].data, np.int64)[0])))
+    return seen
+
+
+def request_stream() -> str:
+    return keys.request_stream("gated")
