@@ -18,12 +18,19 @@ from typing import Any
 import orjson
 
 from gateway import metadata
-from gateway.dispatcher import Dispatcher
+from gateway.dispatcher import Dispatcher, Route
 from gateway.infer_codec import HEADER_LENGTH, decompress, encode_response, parse_infer
 from gateway.model_table import ModelTable, ModelView
 from shared import keys
-from shared.errors import InvalidInput, ModelNotReady, SluiceError, error_from_code
+from shared.errors import (
+    InvalidInput,
+    ModelNotReady,
+    SluiceError,
+    Unavailable,
+    error_from_code,
+)
 from shared.protocol import Request
+from shared.queue_policy import DEADLINE, PRIORITY, TIMEOUT, deadline_us
 from shared.signature import validate_inputs
 
 log = logging.getLogger(__name__)
@@ -34,6 +41,8 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 JSON = [(b"content-type", b"application/json")]
+#: request parameters the workers act on.
+FORWARDED_PARAMETERS = (PRIORITY, TIMEOUT, DEADLINE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +103,7 @@ class GatewayApp:
         rest = parts[1:]
         if not rest or rest == [""]:
             return json_response(metadata.server_metadata())
-        if rest[0] == "health" and len(rest) == 2:
+        if rest[0] == "health" and len(rest) == 2 and rest[1] in ("live", "ready"):
             ok = True if rest[1] == "live" else self.table.ready
             return Response(200 if ok else 400)
         if rest == ["repository", "index"] and method == "POST":
@@ -116,8 +125,8 @@ class GatewayApp:
         version: str | None = None
         if len(rest) >= 2 and rest[0] == "versions":
             version, rest = rest[1], rest[2:]
-            if not version.isdigit():
-                raise InvalidInput(f"version must be a number, got '{version}'")
+            if not (version.isascii() and version.isdecimal() and len(version) <= 18):
+                raise InvalidInput(f"version must be a number, got '{version[:40]}'")
         action = rest[0] if rest else ""
         view = await self._view(name)
         if action == "infer" and method == "POST":
@@ -155,6 +164,8 @@ class GatewayApp:
         headers: dict[bytes, bytes],
         receive: Receive,
     ) -> Response:
+        if not self.table.reachable:
+            raise Unavailable("queue unavailable: Redis is unreachable")
         version = view.resolve_version(version_text) or max(view.versions)
         sig = view.signature
         assert sig is not None
@@ -175,6 +186,14 @@ class GatewayApp:
         except InvalidInput:
             self._count_failure(view.name, version, "OTHER")
             raise
+        params = {k: v for k, v in parsed.parameters.items() if k in FORWARDED_PARAMETERS}
+        policy = view.queue_policy
+        try:
+            level = policy.level_of(params)
+            deadline_s = deadline_us(params) / 1e6
+        except InvalidInput:
+            self._count_failure(view.name, version, "OTHER")
+            raise
         request = Request(
             self.dispatcher.new_request_id(),
             version,
@@ -182,15 +201,23 @@ class GatewayApp:
             self.dispatcher.reply_stream,
             parsed.inputs,
             tuple(parsed.outputs) if parsed.outputs else None,
-            {k: v for k, v in parsed.parameters.items() if k in ("priority", "timeout")},
+            params,
         )
-        result = await self.dispatcher.submit(
-            view.name,
-            request,
-            sig.max_batch_size,
-            self.limits.request_timeout_s,
-            view.preserve_ordering,
+        route = Route(
+            view.name, level, max(1, sig.max_batch_size), policy.for_level(level).max_queue_size
         )
+        watcher = asyncio.ensure_future(receive())
+        watcher.add_done_callback(lambda t: self._client_gone(t, view.name, request.id))
+        try:
+            result = await self.dispatcher.submit(
+                route,
+                request,
+                min(self.limits.request_timeout_s, deadline_s or self.limits.request_timeout_s),
+                view.preserve_ordering,
+                "Request deadline exceeded" if deadline_s else "Request timeout expired",
+            )
+        finally:
+            watcher.cancel()
         if result.error is not None:
             raise error_from_code(*result.error)
         body_parts, json_length = encode_response(view.name, version, parsed, result.outputs)
@@ -204,6 +231,14 @@ class GatewayApp:
                 (HEADER_LENGTH.encode(), str(json_length).encode()),
             ],
         )
+
+    def _client_gone(self, watcher: asyncio.Future[Message], model: str, request_id: str) -> None:
+        if (
+            not watcher.cancelled()
+            and watcher.exception() is None
+            and watcher.result()["type"] == "http.disconnect"
+        ):
+            self.dispatcher.cancel(model, request_id)
 
     def _count_failure(self, model: str, version: int, reason: str) -> None:
         """Failures that never reach a worker still show in the fleet-wide metrics."""

@@ -11,12 +11,13 @@ import asyncio
 import itertools
 import logging
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from shared import keys
-from shared.errors import Unavailable
+from shared.errors import Cancelled, Unavailable
 from shared.protocol import ProtocolError, Request, Result, decode_results, encode_requests
 
 log = logging.getLogger(__name__)
@@ -24,6 +25,42 @@ log = logging.getLogger(__name__)
 #: trim the reply stream once this many entries have been read since the last trim.
 TRIM_EVERY_ENTRIES = 64
 REPLY_READ_BLOCK_MS = 1000
+
+
+#: admit each request while its priority level's queue has room; report which were admitted.
+ENQUEUE_LUA = """
+local size = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
+local limit = tonumber(ARGV[2])
+local admitted = {}
+for i = 3, #ARGV, 2 do
+  if size < limit then
+    redis.call('XADD', KEYS[1], '*', 'h', ARGV[i], 'd', ARGV[i + 1])
+    size = size + 1
+    admitted[#admitted + 1] = 1
+  else
+    admitted[#admitted + 1] = 0
+  end
+end
+redis.call('HSET', KEYS[2], ARGV[1], size)
+return admitted
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where a request goes: its model's stream for its priority level, and the limits."""
+
+    model: str
+    level: int = 0
+    #: requests per stream entry (the model's max_batch_size, at least 1).
+    max_per_entry: int = 1
+    #: Triton's max_queue_size for the level (0: unbounded).
+    max_queue_size: int = 0
+
+
+def _ignore_failure(task: asyncio.Future[object]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 class Dispatcher:
@@ -34,8 +71,8 @@ class Dispatcher:
         self.waiting: dict[str, asyncio.Future[Result]] = {}
         self._prefix = gateway_id
         self._ids = itertools.count()
-        self._outbox: dict[str, list[Request]] = defaultdict(list)
-        self._entry_limit: dict[str, int] = {}
+        self._outbox: dict[Route, list[Request]] = defaultdict(list)
+        self._enqueue = redis.register_script(ENQUEUE_LUA)
         self._flush_scheduled = False
         self._sending: set[asyncio.Task[None]] = set()
         #: "model:version" -> requests sent and not yet answered.
@@ -48,53 +85,61 @@ class Dispatcher:
 
     async def submit(
         self,
-        model: str,
+        route: Route,
         request: Request,
-        max_per_entry: int,
         timeout_s: float,
         preserve_ordering: bool = False,
+        timeout_message: str = "Request timeout expired",
     ) -> Result:
-        """Queue `request` on `model`'s stream and wait for its result.
+        """Queue `request` on its model's stream and wait for its result.
 
         With `preserve_ordering` (Triton's dynamic_batching option) a result is released only
         after every earlier request to the same model through this gateway was answered.
         """
         if not preserve_ordering:
-            return await self._submit(model, request, max_per_entry, timeout_s)
+            return await self._submit(route, request, timeout_s, timeout_message)
         loop = asyncio.get_running_loop()
-        earlier = self._last_released.get(model)
+        earlier = self._last_released.get(route.model)
         released: asyncio.Future[None] = loop.create_future()
-        self._last_released[model] = released
+        self._last_released[route.model] = released
         try:
-            result = await self._submit(model, request, max_per_entry, timeout_s)
+            result = await self._submit(route, request, timeout_s, timeout_message)
             if earlier is not None:
                 await earlier
             return result
         finally:
             released.set_result(None)
-            if self._last_released.get(model) is released:
-                del self._last_released[model]
+            if self._last_released.get(route.model) is released:
+                del self._last_released[route.model]
 
     async def _submit(
-        self, model: str, request: Request, max_per_entry: int, timeout_s: float
+        self, route: Route, request: Request, timeout_s: float, timeout_message: str
     ) -> Result:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Result] = loop.create_future()
         self.waiting[request.id] = future
-        self._outbox[model].append(request)
-        self._entry_limit[model] = max(1, max_per_entry)
+        self._outbox[route].append(request)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             loop.call_soon(self._flush)
-        slot = f"{model}:{request.version}"
+        slot = f"{route.model}:{request.version}"
         self.inflight[slot] += 1
         try:
             return await asyncio.wait_for(future, timeout_s)
         except TimeoutError:
-            raise Unavailable("Request timeout expired") from None
+            raise Unavailable(timeout_message) from None
         finally:
             self.waiting.pop(request.id, None)
             self.inflight[slot] -= 1
+
+    def cancel(self, model: str, request_id: str) -> None:
+        """The client went away: stop waiting, and tell the workers not to run it."""
+        future = self.waiting.get(request_id)
+        if future is None or future.done():
+            return
+        future.set_exception(Cancelled("Request was cancelled: the client disconnected"))
+        task = asyncio.ensure_future(self.redis.publish(keys.cancel_channel(model), request_id))
+        task.add_done_callback(_ignore_failure)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -103,28 +148,53 @@ class Dispatcher:
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
 
-    async def _send(self, outbox: dict[str, list[Request]]) -> None:
-        pipe = self.redis.pipeline(transaction=False)
-        for model, requests in outbox.items():
-            step = self._entry_limit.get(model, 1)
-            for start in range(0, len(requests), step):
-                entry = encode_requests(requests[start : start + step])
-                pipe.xadd(keys.request_stream(model), entry)
-        try:
-            await pipe.execute()
-        except RedisError as exc:
-            error = Unavailable(f"queue unavailable: {exc}")
-            for requests in outbox.values():
-                for request in requests:
-                    future = self.waiting.get(request.id)
-                    if future is not None and not future.done():
-                        future.set_exception(error)
+    async def _send(self, outbox: dict[Route, list[Request]]) -> None:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            bounded: list[list[Request]] = []
+            for route, requests in outbox.items():
+                stream = keys.request_stream(route.model, route.level)
+                if route.max_queue_size:
+                    # one entry per request, so that the size limit admits or refuses each
+                    args: list[int | bytes] = [route.level, route.max_queue_size]
+                    for request in requests:
+                        entry = encode_requests([request])
+                        args += [entry["h"], entry["d"]]
+                    await self._enqueue(
+                        keys=[stream, keys.queue_sizes(route.model)], args=args, client=pipe
+                    )
+                    bounded.append(requests)
+                    continue
+                for start in range(0, len(requests), route.max_per_entry):
+                    pipe.xadd(
+                        stream, encode_requests(requests[start : start + route.max_per_entry])
+                    )
+            try:
+                replies = await pipe.execute()
+            except RedisError as exc:
+                self._fail([r for rs in outbox.values() for r in rs], f"queue unavailable: {exc}")
+                return
+            admitted = iter(reply for reply in replies if isinstance(reply, list))
+            for requests in bounded:
+                flags = next(admitted)
+                for request, ok in zip(requests, flags, strict=True):
+                    if not ok:
+                        self._fail(
+                            [request], f"[request id: {request.id}] Exceeds maximum queue size"
+                        )
+
+    def _fail(self, requests: list[Request], message: str) -> None:
+        error = Unavailable(message)
+        for request in requests:
+            future = self.waiting.get(request.id)
+            if future is not None and not future.done():
+                future.set_exception(error)
 
     async def read_replies(self) -> None:
         """Resolve waiters from the reply stream until cancelled; survives Redis outages."""
         last_id = b"0-0"
         unread_trim = 0
         backoff = 0.05
+        server = await self._server_identity()
         while True:
             try:
                 if unread_trim >= TRIM_EVERY_ENTRIES:
@@ -133,17 +203,42 @@ class Dispatcher:
                 reply = await self.reader.xread(
                     {self.reply_stream: last_id}, block=REPLY_READ_BLOCK_MS, count=256
                 )
-                backoff = 0.05
             except RedisError as exc:
-                log.warning("reply stream read failed (%s); retrying in %.2fs", exc, backoff)
+                if backoff == 0.05:
+                    log.warning("reply stream read failed (%s); reconnecting", exc)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue
+            if backoff != 0.05:
+                backoff = 0.05
+                server = await self._after_outage(server)
             for _stream, entries in reply or ():
                 for entry_id, fields in entries:
                     last_id = entry_id
                     unread_trim += 1
                     self._resolve(fields)
+
+    async def _server_identity(self) -> tuple[str, bool] | None:
+        """(run id, whether it persists writes): tells a restart that lost the queue."""
+        try:
+            info = await self.reader.info("server")
+            persistence = await self.reader.info("persistence")
+        except RedisError:
+            return None
+        return str(info.get("run_id")), bool(int(persistence.get("aof_enabled", 0)))
+
+    async def _after_outage(self, before: tuple[str, bool] | None) -> tuple[str, bool] | None:
+        now = await self._server_identity()
+        if before is not None and now is not None and now[0] != before[0] and not now[1]:
+            error = Unavailable("Redis restarted without persistence and lost this request; retry")
+            log.error(
+                "Redis restarted without persistence: failing %d waiting requests",
+                len(self.waiting),
+            )
+            for future in self.waiting.values():
+                if not future.done():
+                    future.set_exception(error)
+        return now
 
     def _resolve(self, fields: dict[bytes, bytes]) -> None:
         try:

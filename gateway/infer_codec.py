@@ -161,14 +161,18 @@ def _check_binary_size(where: str, datatype: str, shape: tuple[int, ...], data: 
 
 
 def _flatten(data: Any) -> list[Any]:
+    """Nested lists to a flat list, without recursion (depth is the client's choice)."""
     if not isinstance(data, list):
         return [data]
-    if not data or not isinstance(data[0], list):
-        return data
-    out: list[Any] = []
-    for item in data:
-        out.extend(_flatten(item))
-    return out
+    while data and isinstance(data[0], list):
+        flat: list[Any] = []
+        for item in data:
+            if isinstance(item, list):
+                flat.extend(item)
+            else:
+                flat.append(item)
+        data = flat
+    return data
 
 
 #: the JSON value types each datatype accepts (bools only for BOOL; checked separately).

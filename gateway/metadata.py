@@ -65,14 +65,16 @@ async def model_statistics(
     redis: aioredis.Redis, views: list[ModelView], version: int | None
 ) -> dict[str, Any]:
     """Triton's statistics body, fleet-wide, from the stats hashes the workers keep."""
-    pipe = redis.pipeline(transaction=False)
-    for view in views:
-        pipe.hgetall(keys.model_stats(view.name))
-    raws = await pipe.execute()
-    entries = []
-    for view, raw in zip(views, raws, strict=True):
-        per_version = parse_stats(raw)
-        wanted = [version] if version else sorted(set(view.versions) | set(per_version))
-        for v in wanted:
-            entries.append(triton_model_stats(view.name, v, per_version.get(v) or VersionStats()))
-    return {"model_stats": entries}
+    async with redis.pipeline(transaction=False) as pipe:
+        for view in views:
+            pipe.hgetall(keys.model_stats(view.name))
+        raws = await pipe.execute()
+        entries = []
+        for view, raw in zip(views, raws, strict=True):
+            per_version = parse_stats(raw)
+            wanted = [version] if version else sorted(set(view.versions) | set(per_version))
+            for v in wanted:
+                entries.append(
+                    triton_model_stats(view.name, v, per_version.get(v) or VersionStats())
+                )
+        return {"model_stats": entries}

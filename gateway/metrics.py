@@ -124,38 +124,38 @@ def _batch_histogram(stats: dict[tuple[str, str], VersionStats]) -> HistogramMet
 
 async def render(redis: aioredis.Redis, table: ModelTable) -> bytes:
     names = sorted(table.models)
-    pipe = redis.pipeline(transaction=False)
-    for name in names:
-        pipe.hgetall(keys.model_stats(name))
-    pipe.hgetall(keys.GATEWAY_STATS)
-    *raws, gateway = await pipe.execute()
-    stats: dict[tuple[str, str], VersionStats] = {}
-    for name, raw in zip(names, raws, strict=True):
-        for version, s in parse_stats(raw).items():
-            stats[(name, str(version))] = s
-    metrics: list[Metric] = []
-    for metric, doc, field, divisor in _COUNTERS:
-        family = CounterMetricFamily(metric.removesuffix("_total"), doc, labels=LABELS)
-        for (model, version), s in sorted(stats.items()):
-            family.add_metric([model, version], s.get(field) // divisor)
-        metrics.append(family)
-    metrics.append(_failures(stats, gateway))
-    pending = GaugeMetricFamily(
-        "nv_inference_pending_request_count",
-        "Instantaneous number of pending requests awaiting execution per-model.",
-        labels=LABELS,
-    )
-    inflight: dict[tuple[str, str], int] = defaultdict(int)
-    for member in table.members:
-        for key, count in member.info.get("inflight", {}).items():
-            model, _, version = key.rpartition(":")
-            inflight[(model, version)] += count
-    for (model, version), count in sorted(inflight.items()):
-        pending.add_metric([model, version], count)
-    metrics += [pending, _batch_histogram(stats)]
-    registry = CollectorRegistry()
-    registry.register(_Snapshot(metrics))  # type: ignore[arg-type]
-    return generate_latest(registry)
+    async with redis.pipeline(transaction=False) as pipe:
+        for name in names:
+            pipe.hgetall(keys.model_stats(name))
+        pipe.hgetall(keys.GATEWAY_STATS)
+        *raws, gateway = await pipe.execute()
+        stats: dict[tuple[str, str], VersionStats] = {}
+        for name, raw in zip(names, raws, strict=True):
+            for version, s in parse_stats(raw).items():
+                stats[(name, str(version))] = s
+        metrics: list[Metric] = []
+        for metric, doc, field, divisor in _COUNTERS:
+            family = CounterMetricFamily(metric.removesuffix("_total"), doc, labels=LABELS)
+            for (model, version), s in sorted(stats.items()):
+                family.add_metric([model, version], s.get(field) // divisor)
+            metrics.append(family)
+        metrics.append(_failures(stats, gateway))
+        pending = GaugeMetricFamily(
+            "nv_inference_pending_request_count",
+            "Instantaneous number of pending requests awaiting execution per-model.",
+            labels=LABELS,
+        )
+        inflight: dict[tuple[str, str], int] = defaultdict(int)
+        for member in table.members:
+            for key, count in member.info.get("inflight", {}).items():
+                model, _, version = key.rpartition(":")
+                inflight[(model, version)] += count
+        for (model, version), count in sorted(inflight.items()):
+            pending.add_metric([model, version], count)
+        metrics += [pending, _batch_histogram(stats)]
+        registry = CollectorRegistry()
+        registry.register(_Snapshot(metrics))  # type: ignore[arg-type]
+        return generate_latest(registry)
 
 
 class MetricsApp:

@@ -7,6 +7,7 @@ the view fresh costs a few commands a second whatever the load.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import socket
@@ -20,6 +21,7 @@ from redis.exceptions import RedisError
 
 from shared import keys
 from shared.errors import ModelNotFound, ModelNotReady
+from shared.queue_policy import QueuePolicy
 from shared.registry import (
     HEARTBEAT_INTERVAL_S,
     Member,
@@ -35,7 +37,7 @@ log = logging.getLogger(__name__)
 REPLY_STREAM_TTL_S = 3600
 
 
-@dataclass(slots=True)
+@dataclass
 class ModelView:
     name: str
     config: dict[str, Any] | None
@@ -47,6 +49,10 @@ class ModelView:
     @property
     def ready(self) -> bool:
         return bool(self.ready_versions)
+
+    @functools.cached_property
+    def queue_policy(self) -> QueuePolicy:
+        return QueuePolicy.from_config(self.config or {})
 
     @property
     def preserve_ordering(self) -> bool:
@@ -78,6 +84,7 @@ class ModelTable:
         self.members: list[Member] = []
         self.refreshed = asyncio.Event()
         self._last_ok = 0.0
+        self._reachable = False
 
     def get(self, name: str) -> ModelView:
         view = self.models.get(name)
@@ -88,9 +95,14 @@ class ModelTable:
     @property
     def ready(self) -> bool:
         """Redis reachable and every model that loaded somewhere has a ready instance."""
-        fresh = time.monotonic() - self._last_ok < 3 * HEARTBEAT_INTERVAL_S
         servable = [m for m in self.models.values() if m.config is not None]
-        return fresh and bool(servable) and all(m.ready for m in servable)
+        return self.reachable and bool(servable) and all(m.ready for m in servable)
+
+    @property
+    def reachable(self) -> bool:
+        """False from the first failed refresh until one succeeds: requests then get a 503
+        at once instead of waiting on a dead connection."""
+        return self._reachable and time.monotonic() - self._last_ok < 3 * HEARTBEAT_INTERVAL_S
 
     async def refresh(self) -> None:
         me = Member(
@@ -101,19 +113,20 @@ class ModelTable:
             now_ms(),
             info={"inflight": self.inflight()},
         )
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hset(keys.FLEET, self.gateway_id, me.encode())
-        pipe.expire(keys.reply_stream(self.gateway_id), REPLY_STREAM_TTL_S)
-        pipe.hgetall(keys.MODELS)
-        pipe.hgetall(keys.FLEET)
-        _, _, models_raw, fleet_raw = await pipe.execute()
-        members, stale = live_members(fleet_raw, now_ms())
-        if stale:
-            await self.redis.hdel(keys.FLEET, *stale)
-        self.members = members
-        self.models = self._views(models_raw, members)
-        self._last_ok = time.monotonic()
-        self.refreshed.set()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(keys.FLEET, self.gateway_id, me.encode())
+            pipe.expire(keys.reply_stream(self.gateway_id), REPLY_STREAM_TTL_S)
+            pipe.hgetall(keys.MODELS)
+            pipe.hgetall(keys.FLEET)
+            _, _, models_raw, fleet_raw = await pipe.execute()
+            members, stale = live_members(fleet_raw, now_ms())
+            if stale:
+                await self.redis.hdel(keys.FLEET, *stale)
+            self.members = members
+            self.models = self._views(models_raw, members)
+            self._last_ok = time.monotonic()
+            self._reachable = True
+            self.refreshed.set()
 
     @staticmethod
     def _views(models_raw: dict[bytes, bytes], members: list[Member]) -> dict[str, ModelView]:
@@ -150,7 +163,9 @@ class ModelTable:
             try:
                 await self.refresh()
             except RedisError as exc:
-                log.warning("model table refresh failed: %s", exc)
+                if self._reachable:
+                    log.warning("Redis unreachable: %s", exc)
+                self._reachable = False
             await asyncio.sleep(HEARTBEAT_INTERVAL_S)
 
     async def remove_self(self) -> None:

@@ -44,6 +44,13 @@ class Unavailable(SluiceError):
     code = "UNAVAILABLE"
 
 
+class Cancelled(SluiceError):
+    """The client went away before its request ran (Triton CANCELLED → 400)."""
+
+    http_status = 400
+    code = "CANCELLED"
+
+
 class ModelExecutionError(SluiceError):
     """The model raised while computing a batch."""
 
@@ -59,7 +66,14 @@ class ModelConfigError(SluiceError):
 
 _BY_CODE: dict[str, type[SluiceError]] = {
     cls.code: cls
-    for cls in (InvalidInput, ModelNotFound, ModelNotReady, Unavailable, ModelExecutionError)
+    for cls in (
+        InvalidInput,
+        ModelNotFound,
+        ModelNotReady,
+        Unavailable,
+        Cancelled,
+        ModelExecutionError,
+    )
 }
 
 

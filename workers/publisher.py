@@ -1,0 +1,122 @@
+"""Answering: results to each gateway's reply stream, then ack + delete + statistics.
+
+One pipeline per batch: an XADD per gateway with requests in the batch, then one script call
+per request stream involved that acks and deletes the fully answered entries, lowers the
+queue-size counter and adds the batch to the model's statistics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from shared import keys
+from shared.protocol import Result, encode_results
+from shared.stats import FINISH_BATCH_LUA
+from workers.pending import Queued
+
+log = logging.getLogger(__name__)
+
+#: safety cap on a gateway's reply stream, should that gateway stop trimming it.
+REPLY_STREAM_MAXLEN = 10_000
+RETRY_DELAYS_S = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
+
+EntryKey = tuple[str, bytes]
+
+
+class Publisher:
+    def __init__(self, redis: aioredis.Redis, model: str, counted_levels: set[int]) -> None:
+        self.redis = redis
+        self.model = model
+        self.stats_key = keys.model_stats(model)
+        self.sizes_key = keys.queue_sizes(model)
+        #: levels with a max_queue_size, whose queue-size counter gateways raise.
+        self.counted_levels = counted_levels
+        #: (stream, entry id) -> requests of that entry not yet answered.
+        self.unanswered: dict[EntryKey, int] = {}
+        self._finish = redis.register_script(FINISH_BATCH_LUA)
+
+    def hold(self, stream: str, entry_id: bytes, requests: int) -> None:
+        self.unanswered[(stream, entry_id)] = requests
+
+    def held(self, stream: str) -> list[bytes]:
+        return [entry_id for s, entry_id in self.unanswered if s == stream]
+
+    def _settle(
+        self, items: Sequence[Queued], extra_acks: Sequence[EntryKey]
+    ) -> dict[str, list[bytes]]:
+        done: dict[str, list[bytes]] = defaultdict(list)
+        for stream, entry_id in extra_acks:
+            self.unanswered.pop((stream, entry_id), None)
+            done[stream].append(entry_id)
+        for item in items:
+            key = (item.stream, item.entry_id)
+            left = self.unanswered.get(key, 1) - 1
+            if left > 0:
+                self.unanswered[key] = left
+            else:
+                self.unanswered.pop(key, None)
+                done[item.stream].append(item.entry_id)
+        return done
+
+    async def publish(
+        self,
+        items: Sequence[Queued],
+        results: Sequence[Result],
+        stat_increments: Sequence[str | int] = (),
+        extra_acks: Sequence[EntryKey] = (),
+    ) -> None:
+        """Reply to each gateway, then ack the fully answered entries, in one round trip."""
+        by_route: dict[str, list[Result]] = defaultdict(list)
+        answered: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+        for item, result in zip(items, results, strict=True):
+            by_route[item.request.reply_to].append(result)
+            if item.level in self.counted_levels:
+                answered[item.stream][item.level] += 1
+        done = self._settle(items, extra_acks)
+        streams = set(done) | set(answered)
+        if not streams and stat_increments:
+            streams = {keys.request_stream(self.model)}
+        calls = []
+        for index, stream in enumerate(sorted(streams)):
+            ids = done.get(stream, [])
+            ((level, count),) = answered[stream].items() if answered.get(stream) else ((0, 0),)
+            args: list[str | int | bytes] = [keys.WORKER_GROUP, len(ids), *ids, level, count]
+            if index == 0:
+                args += stat_increments
+            calls.append(([stream, self.stats_key, self.sizes_key], args))
+        await self._send(by_route, calls, len(results))
+
+    async def _send(
+        self,
+        by_route: dict[str, list[Result]],
+        calls: list[tuple[list[str], list[str | int | bytes]]],
+        count: int,
+    ) -> None:
+        for attempt, delay in enumerate((*RETRY_DELAYS_S, None)):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for route, route_results in by_route.items():
+                    pipe.xadd(
+                        route,
+                        encode_results(route_results),
+                        maxlen=REPLY_STREAM_MAXLEN,
+                        approximate=True,
+                    )
+                for script_keys, args in calls:
+                    await self._finish(keys=script_keys, args=args, client=pipe)
+                try:
+                    await pipe.execute()
+                    return
+                except (RedisConnectionError, RedisTimeoutError) as exc:
+                    if delay is None:
+                        # the entries stay pending: a live worker takes them over and answers them
+                        log.error("%s: could not publish %d results: %s", self.model, count, exc)
+                        return
+                    log.warning("%s: publish failed (attempt %d): %s", self.model, attempt + 1, exc)
+                    await asyncio.sleep(delay)
