@@ -8,6 +8,7 @@ httptools + uvloop).
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import time
 import zlib
@@ -26,6 +27,7 @@ from shared.errors import (
     InvalidInput,
     ModelNotReady,
     SluiceError,
+    Unauthorized,
     Unavailable,
     error_from_code,
 )
@@ -49,6 +51,8 @@ FORWARDED_PARAMETERS = (PRIORITY, TIMEOUT, DEADLINE)
 class GatewayLimits:
     max_body_bytes: int = 64 << 20
     request_timeout_s: float = 300.0
+    #: when set, every request but the health probes needs `Authorization: Bearer <token>`.
+    auth_token: str | None = None
 
 
 class Response:
@@ -86,6 +90,7 @@ class GatewayApp:
             return
         headers = dict(scope["headers"])
         try:
+            self._authorize(scope["path"], headers)
             response = await self._route(scope["method"], scope["path"], headers, receive)
         except SluiceError as exc:
             response = error_response(exc)
@@ -93,6 +98,14 @@ class GatewayApp:
             log.exception("unhandled error on %s %s", scope["method"], scope["path"])
             response = json_response({"error": f"internal error: {exc!r}"}, 500)
         await _send(send, response, headers)
+
+    def _authorize(self, path: str, headers: dict[bytes, bytes]) -> None:
+        token = self.limits.auth_token
+        if token is None or path.startswith("/v2/health/"):
+            return
+        given = headers.get(b"authorization", b"")
+        if not hmac.compare_digest(given, b"Bearer " + token.encode()):
+            raise Unauthorized("missing or invalid bearer token (Authorization: Bearer ...)")
 
     async def _route(
         self, method: str, path: str, headers: dict[bytes, bytes], receive: Receive

@@ -37,6 +37,11 @@ class ModelNotReady(SluiceError):
     code = "UNAVAILABLE_MODEL"
 
 
+class Unauthorized(SluiceError):
+    http_status = 401
+    code = "UNAUTHENTICATED"
+
+
 class Unavailable(SluiceError):
     """Queue full, timed out, or Redis unreachable (Triton UNAVAILABLE → 503)."""
 

@@ -72,6 +72,12 @@ max_deliveries = _option(
     help="A request delivered more often than this (it kept killing workers) fails with an "
     "error and moves to the model's dead-letter stream.",
 )
+auth_token = _option(
+    "--auth-token",
+    env="AUTH_TOKEN",
+    default=None,
+    help="Require 'Authorization: Bearer <token>' on every request but the health probes.",
+)
 log_level = _option(
     "--log-level",
     env="LOG_LEVEL",
@@ -88,9 +94,15 @@ def _logging(level: str) -> None:
 
 
 def _gateway_config(
-    redis: str, host_: str, http: int, metrics: int, timeout_s: float, body: int
+    redis: str,
+    host_: str,
+    http: int,
+    metrics: int,
+    timeout_s: float,
+    body: int,
+    token: str | None,
 ) -> GatewayConfig:
-    return GatewayConfig(redis, host_, http, metrics, GatewayLimits(body, timeout_s))
+    return GatewayConfig(redis, host_, http, metrics, GatewayLimits(body, timeout_s, token))
 
 
 @click.group()
@@ -114,6 +126,7 @@ def main() -> None:
 )
 @timeout
 @max_body
+@auth_token
 @claim_idle
 @max_deliveries
 @log_level
@@ -126,6 +139,7 @@ def serve(
     workers: int,
     request_timeout: float,
     max_body_bytes: int,
+    auth_token: str | None,
     claim_idle_ms: int,
     max_deliveries: int,
     log_level: str,
@@ -135,7 +149,7 @@ def serve(
 
     _logging(log_level)
     gateway = _gateway_config(
-        redis_url or "", host, http_port, metrics_port, request_timeout, max_body_bytes
+        redis_url or "", host, http_port, metrics_port, request_timeout, max_body_bytes, auth_token
     )
     worker_args = ("--claim-idle-ms", str(claim_idle_ms), "--max-deliveries", str(max_deliveries))
     run_serve(
@@ -156,6 +170,7 @@ def serve(
 @metrics_port
 @timeout
 @max_body
+@auth_token
 @log_level
 def gateway(
     redis_url: str,
@@ -164,6 +179,7 @@ def gateway(
     metrics_port: int,
     request_timeout: float,
     max_body_bytes: int,
+    auth_token: str | None,
     log_level: str,
 ) -> None:
     """Run one stateless gateway (HTTP API + metrics) against a shared Redis."""
@@ -172,11 +188,14 @@ def gateway(
     from gateway.server import serve_gateway
 
     _logging(log_level)
+    config = _gateway_config(
+        redis_url, host, http_port, metrics_port, request_timeout, max_body_bytes, auth_token
+    )
+    logger = logging.getLogger("sluice.gateway")
     uvloop.run(
         serve_gateway(
-            _gateway_config(
-                redis_url, host, http_port, metrics_port, request_timeout, max_body_bytes
-            )
+            config,
+            on_ready=lambda: logger.info("sluice ready: http://%s:%d", host, http_port),
         )
     )
 

@@ -79,45 +79,52 @@ class Service:
     pump: threading.Thread
 
 
-def start_service(args: list[str], env: dict[str, str] | None = None) -> Service:
-    """Start `sluice serve ...` and return once it logs that it is ready."""
+def start_sluice(
+    command: str, args: list[str], env: dict[str, str] | None = None, ready: str = READY_LINE
+) -> Service:
+    """Start `sluice <command> ...` and return once it logs `ready`."""
     http_port, metrics_port = free_port(), free_port()
+    ports = (
+        ["--http-port", str(http_port), "--metrics-port", str(metrics_port)]
+        if command in ("serve", "gateway")
+        else []
+    )
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "sluice",
-            "serve",
-            "--http-port",
-            str(http_port),
-            "--metrics-port",
-            str(metrics_port),
-            *args,
-        ],
+        [sys.executable, "-m", "sluice", command, *ports, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         env={**os.environ, **(env or {})},
     )
     log: list[str] = []
-    ready = threading.Event()
+    started = threading.Event()
 
     def pump() -> None:
         assert process.stdout is not None
         for line in process.stdout:
             log.append(line)
-            if READY_LINE in line:
-                ready.set()
+            if ready in line:
+                started.set()
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
-    if not ready.wait(START_TIMEOUT_S):
+    if not started.wait(START_TIMEOUT_S):
         process.kill()
-        raise RuntimeError("sluice serve did not become ready:\n" + "".join(log))
+        raise RuntimeError(f"sluice {command} did not become ready:\n" + "".join(log))
     redis_url = args[args.index("--redis-url") + 1] if "--redis-url" in args else ""
     return Service(
-        process, f"127.0.0.1:{http_port}", f"127.0.0.1:{metrics_port}", redis_url, log, reader
+        process,
+        f"127.0.0.1:{http_port}",
+        f"127.0.0.1:{metrics_port}",
+        redis_url,
+        log,
+        reader,
     )
+
+
+def start_service(args: list[str], env: dict[str, str] | None = None) -> Service:
+    """Start `sluice serve ...` and return once it logs that it is ready."""
+    return start_sluice("serve", args, env)
 
 
 def stop_service(service: Service) -> int:
