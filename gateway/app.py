@@ -1,8 +1,7 @@
-"""The KServe v2 HTTP API as a bare ASGI application.
+"""The KServe v2 HTTP API: one handler from a parsed request to a response.
 
 No framework: routing is a split of the path and a dict lookup, which keeps the per-request
-cost to what the protocol needs (see the README for the measured choice of uvicorn +
-httptools + uvloop).
+cost to what the protocol needs (see gateway/http_server.py for the measured choice).
 """
 
 from __future__ import annotations
@@ -11,8 +10,6 @@ import asyncio
 import hmac
 import logging
 import time
-import zlib
-from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +17,7 @@ import orjson
 
 from gateway import metadata
 from gateway.dispatcher import Dispatcher, Route
+from gateway.http_server import HttpRequest, HttpResponse
 from gateway.infer_codec import HEADER_LENGTH, decompress, encode_response, parse_infer
 from gateway.model_table import ModelTable, ModelView
 from shared import keys
@@ -37,11 +35,6 @@ from shared.signature import validate_inputs
 
 log = logging.getLogger(__name__)
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-
 JSON = [(b"content-type", b"application/json")]
 #: request parameters the workers act on.
 FORWARDED_PARAMETERS = (PRIORITY, TIMEOUT, DEADLINE)
@@ -55,49 +48,33 @@ class GatewayLimits:
     auth_token: str | None = None
 
 
-class Response:
-    __slots__ = ("body", "headers", "status")
-
-    def __init__(
-        self,
-        status: int,
-        body: bytes | list[bytes | memoryview] = b"",
-        headers: list[tuple[bytes, bytes]] | None = None,
-    ) -> None:
-        self.status = status
-        self.body = body
-        self.headers = headers if headers is not None else []
+def json_response(payload: Any, status: int = 200) -> HttpResponse:
+    return HttpResponse(status, orjson.dumps(payload), JSON)
 
 
-def json_response(payload: Any, status: int = 200) -> Response:
-    return Response(status, orjson.dumps(payload), JSON)
-
-
-def error_response(error: SluiceError) -> Response:
+def error_response(error: SluiceError) -> HttpResponse:
     return json_response({"error": error.message}, error.http_status)
 
 
 class GatewayApp:
-    """ASGI callable; `dispatcher` and `table` are created by the server before serving."""
+    """The request handler; `dispatcher` and `table` are created by the server before serving."""
 
     def __init__(self, dispatcher: Dispatcher, table: ModelTable, limits: GatewayLimits) -> None:
         self.dispatcher = dispatcher
         self.table = table
         self.limits = limits
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return
-        headers = dict(scope["headers"])
+    async def __call__(self, request: HttpRequest) -> HttpResponse:
         try:
-            self._authorize(scope["path"], headers)
-            response = await self._route(scope["method"], scope["path"], headers, receive)
+            if request.refusal is not None:
+                raise InvalidInput(request.refusal)
+            self._authorize(request.path, request.headers)
+            return await self._route(request)
         except SluiceError as exc:
-            response = error_response(exc)
+            return error_response(exc)
         except Exception as exc:  # a bug must still answer, not drop the connection
-            log.exception("unhandled error on %s %s", scope["method"], scope["path"])
-            response = json_response({"error": f"internal error: {exc!r}"}, 500)
-        await _send(send, response, headers)
+            log.exception("unhandled error on %s %s", request.method, request.path)
+            return json_response({"error": f"internal error: {exc!r}"}, 500)
 
     def _authorize(self, path: str, headers: dict[bytes, bytes]) -> None:
         token = self.limits.auth_token
@@ -107,9 +84,8 @@ class GatewayApp:
         if not hmac.compare_digest(given, b"Bearer " + token.encode()):
             raise Unauthorized("missing or invalid bearer token (Authorization: Bearer ...)")
 
-    async def _route(
-        self, method: str, path: str, headers: dict[bytes, bytes], receive: Receive
-    ) -> Response:
+    async def _route(self, request: HttpRequest) -> HttpResponse:
+        method, path = request.method, request.path
         parts = path.strip("/").split("/")
         if parts[0] != "v2":
             return json_response({"error": f"unknown path {path}"}, 404)
@@ -118,9 +94,8 @@ class GatewayApp:
             return json_response(metadata.server_metadata())
         if rest[0] == "health" and len(rest) == 2 and rest[1] in ("live", "ready"):
             ok = True if rest[1] == "live" else self.table.ready
-            return Response(200 if ok else 400)
+            return HttpResponse(200 if ok else 400)
         if rest == ["repository", "index"] and method == "POST":
-            await _read_body(receive, self.limits.max_body_bytes)
             return json_response(metadata.repository_index(self.table.models))
         if rest[0] == "models" and len(rest) >= 2:
             if rest[1:] == ["stats"]:
@@ -129,12 +104,10 @@ class GatewayApp:
                         self.dispatcher.redis, list(self.table.models.values()), None
                     )
                 )
-            return await self._model_route(method, rest[1], rest[2:], headers, receive)
+            return await self._model_route(request, rest[1], rest[2:])
         return json_response({"error": f"unknown path {path}"}, 404)
 
-    async def _model_route(
-        self, method: str, name: str, rest: list[str], headers: dict[bytes, bytes], receive: Receive
-    ) -> Response:
+    async def _model_route(self, request: HttpRequest, name: str, rest: list[str]) -> HttpResponse:
         version: str | None = None
         if len(rest) >= 2 and rest[0] == "versions":
             version, rest = rest[1], rest[2:]
@@ -142,12 +115,12 @@ class GatewayApp:
                 raise InvalidInput(f"version must be a number, got '{version[:40]}'")
         action = rest[0] if rest else ""
         view = await self._view(name)
-        if action == "infer" and method == "POST":
-            return await self._infer(view, version, headers, receive)
+        if action == "infer" and request.method == "POST":
+            return await self._infer(view, version, request)
         if action == "ready":
             ready = (int(version) in view.ready_versions) if version else view.ready
             if ready:
-                return Response(200)
+                return HttpResponse(200)
             return json_response({"error": "Model version not ready"}, 400)
         if action == "config":
             if view.config is None:
@@ -174,16 +147,16 @@ class GatewayApp:
         self,
         view: ModelView,
         version_text: str | None,
-        headers: dict[bytes, bytes],
-        receive: Receive,
-    ) -> Response:
+        http: HttpRequest,
+    ) -> HttpResponse:
         if not self.table.reachable:
             raise Unavailable("queue unavailable: Redis is unreachable")
         version = view.resolve_version(version_text) or max(view.versions)
         sig = view.signature
         assert sig is not None
-        body = await _read_body(receive, self.limits.max_body_bytes)
+        headers = http.headers
         encoding = headers.get(b"content-encoding")
+        body = http.body
         body = decompress(body, encoding.decode() if encoding else None)
         header_length = _header_length(headers)
         try:
@@ -219,8 +192,11 @@ class GatewayApp:
         route = Route(
             view.name, level, max(1, sig.max_batch_size), policy.for_level(level).max_queue_size
         )
-        watcher = asyncio.ensure_future(receive())
-        watcher.add_done_callback(lambda t: self._client_gone(t, view.name, request.id))
+
+        def client_gone(_: object) -> None:
+            self.dispatcher.cancel(view.name, request.id)
+
+        http.disconnected.add_done_callback(client_gone)
         try:
             result = await self.dispatcher.submit(
                 route,
@@ -230,13 +206,13 @@ class GatewayApp:
                 "Request deadline exceeded" if deadline_s else "Request timeout expired",
             )
         finally:
-            watcher.cancel()
+            http.disconnected.remove_done_callback(client_gone)
         if result.error is not None:
             raise error_from_code(*result.error)
         body_parts, json_length = encode_response(view.name, version, parsed, result.outputs)
         if json_length is None:
-            return Response(200, body_parts, JSON)
-        return Response(
+            return HttpResponse(200, body_parts, JSON)
+        return HttpResponse(
             200,
             body_parts,
             [
@@ -244,14 +220,6 @@ class GatewayApp:
                 (HEADER_LENGTH.encode(), str(json_length).encode()),
             ],
         )
-
-    def _client_gone(self, watcher: asyncio.Future[Message], model: str, request_id: str) -> None:
-        if (
-            not watcher.cancelled()
-            and watcher.exception() is None
-            and watcher.result()["type"] == "http.disconnect"
-        ):
-            self.dispatcher.cancel(model, request_id)
 
     def _count_failure(self, model: str, version: int, reason: str) -> None:
         """Failures that never reach a worker still show in the fleet-wide metrics."""
@@ -271,38 +239,3 @@ def _header_length(headers: dict[bytes, bytes]) -> int | None:
     if value < 0:
         raise InvalidInput("Inference-Header-Content-Length must not be negative")
     return value
-
-
-async def _read_body(receive: Receive, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise InvalidInput("client disconnected before sending the whole body")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise InvalidInput(f"request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-async def _send(send: Send, response: Response, request_headers: dict[bytes, bytes]) -> None:
-    body = response.body
-    if isinstance(body, list):
-        body = b"".join(body)
-    headers = response.headers
-    accept = request_headers.get(b"accept-encoding", b"")
-    if body and accept and (b"gzip" in accept or b"deflate" in accept):
-        if b"gzip" in accept:
-            compressor = zlib.compressobj(wbits=16 + zlib.MAX_WBITS)
-            headers = [*headers, (b"content-encoding", b"gzip")]
-        else:
-            compressor = zlib.compressobj()
-            headers = [*headers, (b"content-encoding", b"deflate")]
-        body = compressor.compress(body) + compressor.flush()
-    headers = [*headers, (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": response.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})

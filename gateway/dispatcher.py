@@ -58,6 +58,11 @@ class Route:
     max_queue_size: int = 0
 
 
+def _expire(future: asyncio.Future[Result], message: str) -> None:
+    if not future.done():
+        future.set_exception(Unavailable(message))
+
+
 def _ignore_failure(task: asyncio.Future[object]) -> None:
     if not task.cancelled():
         task.exception()
@@ -124,11 +129,12 @@ class Dispatcher:
             loop.call_soon(self._flush)
         slot = f"{route.model}:{request.version}"
         self.inflight[slot] += 1
+        # a bare timer instead of asyncio.wait_for: same effect, a fraction of the cost
+        timer = loop.call_later(timeout_s, _expire, future, timeout_message)
         try:
-            return await asyncio.wait_for(future, timeout_s)
-        except TimeoutError:
-            raise Unavailable(timeout_message) from None
+            return await future
         finally:
+            timer.cancel()
             self.waiting.pop(request.id, None)
             self.inflight[slot] -= 1
 
@@ -149,6 +155,16 @@ class Dispatcher:
         task.add_done_callback(self._sending.discard)
 
     async def _send(self, outbox: dict[Route, list[Request]]) -> None:
+        if len(outbox) == 1:
+            ((route, requests),) = outbox.items()
+            if not route.max_queue_size and len(requests) <= route.max_per_entry:
+                # the common case under load: one entry, no pipeline needed
+                try:
+                    stream = keys.request_stream(route.model, route.level)
+                    await self.redis.xadd(stream, encode_requests(requests))
+                except RedisError as exc:
+                    self._fail(requests, f"queue unavailable: {exc}")
+                return
         async with self.redis.pipeline(transaction=False) as pipe:
             bounded: list[list[Request]] = []
             for route, requests in outbox.items():

@@ -19,6 +19,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from gateway.http_server import HttpRequest, HttpResponse
 from gateway.model_table import ModelTable
 from shared import keys
 from shared.stats import FAILURE_REASONS, VersionStats, parse_stats
@@ -159,25 +160,14 @@ async def render(redis: aioredis.Redis, table: ModelTable) -> bytes:
 
 
 class MetricsApp:
-    """ASGI app for the metrics port: `/metrics` only."""
+    """Handler for the metrics port: `/metrics` only."""
 
     def __init__(self, redis: aioredis.Redis, table: ModelTable) -> None:
         self.redis = redis
         self.table = table
 
-    async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
-        if scope["type"] != "http":
-            return
-        if scope["path"] != "/metrics":
-            status, body, ctype = 404, b"not found\n", b"text/plain"
-        else:
-            body = await render(self.redis, self.table)
-            status, ctype = 200, CONTENT_TYPE_LATEST.encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [(b"content-type", ctype), (b"content-length", str(len(body)).encode())],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+    async def __call__(self, request: HttpRequest) -> HttpResponse:
+        if request.path != "/metrics":
+            return HttpResponse(404, b"not found\n", [(b"content-type", b"text/plain")])
+        body = await render(self.redis, self.table)
+        return HttpResponse(200, body, [(b"content-type", CONTENT_TYPE_LATEST.encode())])

@@ -1,12 +1,9 @@
-"""Runs a gateway: the HTTP API and the metrics port, on uvicorn with httptools and uvloop.
-
-Why this stack: uvicorn's httptools parser and uvloop are C; a bare ASGI callable adds no
-routing or middleware layers on the hot path.
-"""
+"""Runs a gateway: the HTTP API and the metrics port, on gateway/http_server.py and uvloop."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -15,11 +12,11 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import uvicorn
 from redis.exceptions import RedisError
 
 from gateway.app import GatewayApp, GatewayLimits
 from gateway.dispatcher import Dispatcher
+from gateway.http_server import HttpServer
 from gateway.metrics import MetricsApp
 from gateway.model_table import ModelTable
 from shared.redis_client import async_client
@@ -38,22 +35,6 @@ class GatewayConfig:
     graceful_shutdown_s: float = 30.0
 
 
-def _uvicorn(app: object, host: str, port: int, graceful_s: float) -> uvicorn.Server:
-    config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        loop="none",
-        http="httptools",
-        lifespan="off",
-        access_log=False,
-        log_level="warning",
-        timeout_graceful_shutdown=graceful_s,
-        backlog=4096,
-    )
-    return uvicorn.Server(config)
-
-
 async def serve_gateway(
     config: GatewayConfig,
     *,
@@ -66,13 +47,8 @@ async def serve_gateway(
     reader = async_client(config.redis_url, socket_timeout_s=None)
     dispatcher = Dispatcher(redis, reader, gateway_id)
     table = ModelTable(redis, gateway_id, dispatcher.inflight_snapshot)
-    http = _uvicorn(
-        GatewayApp(dispatcher, table, config.limits),
-        config.host,
-        config.http_port,
-        config.graceful_shutdown_s,
-    )
-    metrics = _uvicorn(MetricsApp(redis, table), config.host, config.metrics_port, 1.0)
+    http = HttpServer(GatewayApp(dispatcher, table, config.limits), config.limits.max_body_bytes)
+    metrics = HttpServer(MetricsApp(redis, table))
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -81,47 +57,28 @@ async def serve_gateway(
         asyncio.create_task(dispatcher.read_replies(), name="replies"),
         asyncio.create_task(table.run(), name="model-table"),
     ]
-    servers = [asyncio.create_task(_run(s)) for s in (http, metrics)]
-    watcher = asyncio.create_task(_announce_ready(table, http, on_ready)) if on_ready else None
     try:
-        done, _ = await asyncio.wait(
-            [*servers, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED
-        )
-        for task in done:
-            if task in servers:
-                task.result()  # raises if a port could not be bound
-                raise RuntimeError("HTTP server stopped unexpectedly")
+        await http.start(config.host, config.http_port)
+        await metrics.start(config.host, config.metrics_port)
+        if on_ready is not None:
+            background.append(asyncio.create_task(_announce_ready(table, on_ready)))
+        await stop.wait()
     finally:
         log.info("gateway stopping: answering in-flight requests")
-        for server in (http, metrics):
-            server.should_exit = True
-        await asyncio.gather(*servers, return_exceptions=True)
-        for task in [*background, *([watcher] if watcher else [])]:
+        await http.shutdown(config.graceful_shutdown_s)
+        await metrics.shutdown(1.0)
+        for task in background:
             task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
         await dispatcher.close()
         await table.remove_self()
         await redis.aclose()
         await reader.aclose()
 
 
-async def _run(server: uvicorn.Server) -> None:
-    """uvicorn exits the process when it cannot bind; turn that into an error we can clean up."""
-    try:
-        await server._serve()
-    except SystemExit:
-        config = server.config
-        raise RuntimeError(f"cannot serve on {config.host}:{config.port}") from None
-
-
-async def _announce_ready(
-    table: ModelTable, http: uvicorn.Server, on_ready: Callable[[], None]
-) -> None:
-    while not (http.started and table.ready):
+async def _announce_ready(table: ModelTable, on_ready: Callable[[], None]) -> None:
+    while not table.ready:
         table.refreshed.clear()
-        try:
+        with contextlib.suppress(TimeoutError, RedisError):
             await asyncio.wait_for(table.refreshed.wait(), timeout=1.0)
-        except TimeoutError:
-            pass
-        except RedisError:
-            pass
     on_ready()

@@ -228,3 +228,167 @@ def worker(
     wanted = tuple(m.strip() for m in models.split(",") if m.strip()) if models else None
     recovery = RecoveryPolicy(claim_idle_ms, max_deliveries)
     run_worker(WorkerConfig(model_repository, redis_url, wanted, recovery=recovery))
+
+
+@main.command()
+@_option(
+    "--url",
+    env="BENCH_URL",
+    default="127.0.0.1:8000",
+    help="KServe v2 HTTP endpoint (host:port) of sluice, Triton or any compatible server.",
+)
+@_option("--model", env="BENCH_MODEL", required=True, help="Model to send load to.")
+@_option(
+    "--concurrency",
+    env="BENCH_CONCURRENCY",
+    default=None,
+    help="Comma-separated concurrencies to sweep: that many connections, each sending its "
+    "next request when the last is answered (default 1,8,32,64).",
+)
+@_option(
+    "--request-rate",
+    env="BENCH_REQUEST_RATE",
+    default=None,
+    help="Comma-separated request rates (req/s) to sweep instead: requests are sent on "
+    "schedule whatever the answers (open loop).",
+)
+@_option(
+    "--distribution",
+    env="BENCH_DISTRIBUTION",
+    default="constant",
+    type=click.Choice(["constant", "poisson"]),
+    help="Intervals between scheduled requests with --request-rate.",
+)
+@_option(
+    "--batch-size",
+    env="BENCH_BATCH_SIZE",
+    default=1,
+    type=click.IntRange(min=1),
+    help="Rows per request (the leading dim of every input when the model batches).",
+)
+@_option(
+    "--input-data",
+    env="BENCH_INPUT_DATA",
+    default="random",
+    type=click.Choice(["random", "zeros"]),
+    help="Tensor contents, shaped from the model's metadata (variable dims become 1).",
+)
+@_option(
+    "--binary/--json",
+    env="BENCH_BINARY",
+    default=True,
+    help="Send tensors with the binary tensor extension, or as JSON.",
+)
+@_option(
+    "--window-ms",
+    env="BENCH_WINDOW_MS",
+    default=3000,
+    type=click.IntRange(min=1),
+    help="Length of one measurement window.",
+)
+@_option(
+    "--stability-percent",
+    env="BENCH_STABILITY_PERCENT",
+    default=20.0,
+    type=click.FloatRange(min=0),
+    help="A level is done when its last 3 windows are within this of each other's mean, "
+    "for throughput and p95 latency.",
+)
+@_option(
+    "--max-trials",
+    env="BENCH_MAX_TRIALS",
+    default=10,
+    type=click.IntRange(min=1),
+    help="Windows per level at most; the last 3 are reported even when not stable.",
+)
+@_option(
+    "--warmup-s",
+    env="BENCH_WARMUP_S",
+    default=1.0,
+    type=click.FloatRange(min=0),
+    help="Seconds of load at each level before its first window.",
+)
+@_option(
+    "--json-out",
+    env="BENCH_JSON_OUT",
+    default=None,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write every window and result as JSON here.",
+)
+@_option(
+    "--plot-out",
+    env="BENCH_PLOT_OUT",
+    default=None,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write a PNG of latency vs throughput and batch sizes here (needs matplotlib: "
+    "pip install 'sluice[bench]').",
+)
+@_option(
+    "--auth-token",
+    env="AUTH_TOKEN",
+    default=None,
+    help="Send 'Authorization: Bearer <token>' with every request.",
+)
+def bench(
+    url: str,
+    model: str,
+    concurrency: str | None,
+    request_rate: str | None,
+    distribution: str,
+    batch_size: int,
+    input_data: str,
+    binary: bool,
+    window_ms: int,
+    stability_percent: float,
+    max_trials: int,
+    warmup_s: float,
+    json_out: Path | None,
+    plot_out: Path | None,
+    auth_token: str | None,
+) -> None:
+    """Measure throughput and latency of a model on any KServe v2 HTTP server."""
+    import orjson
+
+    from sluice.bench import report
+    from sluice.bench.loadgen import BenchError, run_bench
+    from sluice.bench.settings import BenchSettings, Target, parse_levels, parse_url
+    from sluice.bench.stats import Measurement
+
+    if concurrency and request_rate:
+        raise click.UsageError("give --concurrency or --request-rate, not both")
+    try:
+        host, port = parse_url(url)
+        levels = (
+            parse_levels(request_rate, integer=False)
+            if request_rate
+            else parse_levels(concurrency or "1,8,32,64", integer=True)
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    settings = BenchSettings(
+        Target(host, port, model, auth_token),
+        "request_rate" if request_rate else "concurrency",
+        levels,
+        distribution,  # type: ignore[arg-type]
+        batch_size,
+        input_data,  # type: ignore[arg-type]
+        binary,
+        window_ms / 1e3,
+        stability_percent,
+        max_trials,
+        warmup_s,
+    )
+
+    def on_window(level: float, trial: int, measurement: Measurement) -> None:
+        line = report.progress_line(settings.mode, level, trial, max_trials, measurement)
+        click.echo(line, err=True)
+
+    try:
+        result = run_bench(settings, on_window)
+    except BenchError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(report.table(result))
+    if json_out is not None:
+        json_out.write_bytes(orjson.dumps(report.to_json(result), option=orjson.OPT_INDENT_2))
+    if plot_out is not None and not report.write_plot(result, plot_out):
+        click.echo("matplotlib is not installed (pip install 'sluice[bench]'): no plot", err=True)

@@ -1,0 +1,311 @@
+"""sluice against Triton's dynamic batcher on the reference MLP, side by side in one run.
+
+Measures (a) the model alone in-process (batch 1/8/32/64, torch 1 thread); (b) sluice at
+each concurrency with dynamic batching and with max_batch_size 1; (c) the same load against
+PyTriton (Triton's C++ dynamic batcher) when its anchor environment is installed
+(`bash ../shared/anchor/setup.sh`); then prints the ratios and writes benchmarks/RESULTS.md.
+Load comes from Triton's perf_analyzer when available (sync HTTP, batch 1), else from
+`sluice bench`.
+
+    python benchmarks/compare_triton.py [--concurrency 1,8,32,64] [--skip-triton]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import itertools
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import redis
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from sluice.embedded_redis import EmbeddedRedis  # noqa: E402
+
+EXAMPLES = ROOT / "examples" / "model_repository"
+ANCHOR = ROOT.parent / "shared" / "anchor"
+ANCHORS = Path(os.environ.get("ANCHORS", "/tmp/anchors"))
+PA_ARGS = ["-i", "http", "-p", "3000", "-s", "20", "-r", "15"]
+
+
+def model_bound(trials: int = 3, seconds: float = 2.0) -> dict[int, float]:
+    """Inferences/s of the model alone, per batch size (median of trials)."""
+    torch.set_num_threads(1)
+    model = torch.jit.load(str(EXAMPLES / "mlp" / "1" / "model.pt")).eval()
+    out = {}
+    with torch.inference_mode():
+        for batch in (1, 8, 32, 64):
+            x = torch.randn(batch, 512)
+            for _ in range(20):
+                model(x)
+            rates = []
+            for _ in range(trials):
+                n, start = 0, time.perf_counter()
+                while time.perf_counter() - start < seconds:
+                    model(x)
+                    n += 1
+                rates.append(n * batch / (time.perf_counter() - start))
+            out[batch] = statistics.median(rates)
+    return out
+
+
+def interpolate(bound: dict[int, float], batch: float) -> float:
+    sizes = sorted(bound)
+    if batch <= sizes[0]:
+        return bound[sizes[0]]
+    for lo, hi in itertools.pairwise(sizes):
+        if batch <= hi:
+            return bound[lo] + (bound[hi] - bound[lo]) * (batch - lo) / (hi - lo)
+    return bound[sizes[-1]]
+
+
+def perf_analyzer() -> tuple[str, dict[str, str]] | None:
+    binary = os.environ.get("PERF_ANALYZER") or str(ANCHORS / "pa-venv" / "bin" / "perf_analyzer")
+    if not Path(binary).exists():
+        return None
+    env = {**os.environ, "LD_LIBRARY_PATH": os.environ.get("PA_LIBDIR", str(ANCHORS / "palibs"))}
+    return binary, env
+
+
+def server_stats(url: str) -> tuple[int, int, dict[int, int]]:
+    with urllib.request.urlopen(f"http://{url}/v2/models/mlp/stats", timeout=10) as r:
+        stats = json.load(r)["model_stats"][0]
+    hist = {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]}
+    return stats["inference_count"], stats["execution_count"], hist
+
+
+def redis_commands(client: redis.Redis | None) -> int:
+    if client is None:
+        return 0
+    stats = client.info("commandstats")
+    return sum(v["calls"] for k, v in stats.items() if k not in ("cmdstat_info",))
+
+
+def run_load(url: str, concurrency: int, label: str, rclient: redis.Redis | None) -> dict:
+    before = server_stats(url)
+    commands_before = redis_commands(rclient)
+    pa = perf_analyzer()
+    record: dict = {"label": label, "concurrency": concurrency}
+    if pa is not None:
+        csv_path = Path(tempfile.mkdtemp()) / "pa.csv"
+        cmd = [
+            pa[0],
+            "-m",
+            "mlp",
+            "-u",
+            url,
+            "--concurrency-range",
+            str(concurrency),
+            *PA_ARGS,
+            "-f",
+            str(csv_path),
+        ]
+        proc = subprocess.run(cmd, env=pa[1], capture_output=True, text=True, timeout=900)
+        if proc.returncode != 0 or not csv_path.exists():
+            record["error"] = proc.stdout.strip().splitlines()[-1:]
+            return record
+        row = next(csv.DictReader(csv_path.open()))
+        record.update(
+            throughput=float(row["Inferences/Second"]),
+            p50_ms=int(row["p50 latency"]) / 1e3,
+            p99_ms=int(row["p99 latency"]) / 1e3,
+            queue_ms=int(row["Server Queue"]) / 1e3,
+            compute_ms=int(row["Server Compute Infer"]) / 1e3,
+            tool="perf_analyzer",
+        )
+    else:
+        out = Path(tempfile.mkdtemp()) / "bench.json"
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "sluice",
+                "bench",
+                "--url",
+                url,
+                "--model",
+                "mlp",
+                "--concurrency",
+                str(concurrency),
+                "--json-out",
+                str(out),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=900,
+        )
+        point = json.loads(out.read_text())["points"][0]
+        record.update(
+            throughput=point["throughput"],
+            p50_ms=point["p50_ms"],
+            p99_ms=point["p99_ms"],
+            tool="sluice bench",
+        )
+    after = server_stats(url)
+    inferences, executions = after[0] - before[0], after[1] - before[1]
+    record["avg_batch"] = round(inferences / max(1, executions), 2)
+    if rclient is not None:
+        record["redis_cmds_per_inference"] = round(
+            (redis_commands(rclient) - commands_before) / max(1, inferences), 3
+        )
+    print(
+        f"[{label}] c={concurrency:3d} {record.get('throughput', 0):8.1f}/s "
+        f"p50 {record.get('p50_ms', 0):6.2f} ms p99 {record.get('p99_ms', 0):6.2f} ms "
+        f"batch {record['avg_batch']}",
+        flush=True,
+    )
+    return record
+
+
+def mbs1_repository() -> Path:
+    repo = Path(tempfile.mkdtemp()) / "models"
+    (repo / "mlp" / "1").mkdir(parents=True)
+    shutil.copy(EXAMPLES / "mlp" / "1" / "model.pt", repo / "mlp" / "1" / "model.pt")
+    config = (EXAMPLES / "mlp" / "config.pbtxt").read_text()
+    (repo / "mlp" / "config.pbtxt").write_text(
+        config.replace("max_batch_size: 64", "max_batch_size: 1")
+    )
+    return repo
+
+
+def sluice_sweep(repo: Path, label: str, levels: list[int], port: int) -> list[dict]:
+    with EmbeddedRedis() as server:
+        serve = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "sluice",
+                "serve",
+                "--model-repository",
+                str(repo),
+                "--redis-url",
+                server.url,
+                "--http-port",
+                str(port),
+                "--metrics-port",
+                str(port + 2),
+                "--log-level",
+                "warning",
+            ],
+        )
+        url = f"127.0.0.1:{port}"
+        try:
+            wait_ready(url)
+            client = redis.Redis.from_url(server.url)
+            return [run_load(url, c, label, client) for c in levels]
+        finally:
+            serve.terminate()
+            serve.wait(60)
+
+
+def wait_ready(url: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://{url}/v2/models/mlp/ready", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} did not become ready")
+
+
+def triton_sweep(mbs: int, label: str, levels: list[int], port: int) -> list[dict]:
+    if not (ANCHORS / "venv").exists() or not ANCHOR.exists():
+        print("PyTriton anchor not installed (bash ../shared/anchor/setup.sh): skipped")
+        return []
+    env = {**os.environ, "ANCHORS": str(ANCHORS)}
+    subprocess.run(
+        ["bash", str(ANCHOR / "start_pytriton.sh"), str(mbs), "1000", str(port)],
+        check=True,
+        env=env,
+    )
+    try:
+        return [run_load(f"127.0.0.1:{port}", c, label, None) for c in levels]
+    finally:
+        subprocess.run(["bash", str(ANCHOR / "stop_pytriton.sh")], env=env, check=False)
+
+
+def report(bound: dict[int, float], rows: list[dict]) -> str:
+    by = {(r["label"], r["concurrency"]): r for r in rows if "throughput" in r}
+    levels = sorted({r["concurrency"] for r in rows})
+    lines = [
+        f"## Reference MLP, {datetime.date.today()} ({platform.machine()}, "
+        f"{os.cpu_count()} cores, torch {torch.__version__}, load: "
+        f"{rows[0].get('tool', '?') if rows else '?'})",
+        "",
+        "Model alone, 1 thread: "
+        + ", ".join(f"b={b}: {v:,.0f}/s" for b, v in sorted(bound.items())),
+        "",
+        "| concurrency | sluice infer/s | p50 / p99 ms | avg batch | Triton infer/s | "
+        "Triton p50 / p99 ms | sluice/Triton | sluice / model-bound at its batch | "
+        "batching gain | Redis cmds/inference |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in levels:
+        s, t, one = by.get(("sluice", c)), by.get(("triton", c)), by.get(("sluice-mbs1", c))
+        if s is None:
+            continue
+        cells = [
+            str(c),
+            f"{s['throughput']:,.0f}",
+            f"{s['p50_ms']:.1f} / {s['p99_ms']:.1f}",
+            str(s["avg_batch"]),
+            f"{t['throughput']:,.0f}" if t else "-",
+            f"{t['p50_ms']:.1f} / {t['p99_ms']:.1f}" if t else "-",
+            f"{s['throughput'] / t['throughput']:.2f}" if t else "-",
+            f"{s['throughput'] / interpolate(bound, s['avg_batch']):.2f}",
+            f"{s['throughput'] / one['throughput']:.2f}" if one else "-",
+            str(s.get("redis_cmds_per_inference", "-")),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    first = by.get(("sluice", levels[0])) if levels else None
+    if first and levels[0] == 1:
+        model_ms = 1000 / bound[1]
+        lines += [
+            "",
+            f"p50 at c=1 minus model time: {first['p50_ms'] - model_ms:.2f} ms "
+            f"(model {model_ms:.2f} ms).",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--concurrency", default="1,8,32,64")
+    parser.add_argument("--skip-triton", action="store_true")
+    parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "RESULTS.md")
+    args = parser.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    if not (EXAMPLES / "mlp" / "1" / "model.pt").exists():
+        subprocess.run([sys.executable, str(ROOT / "examples" / "build_models.py")], check=True)
+    bound = model_bound()
+    print("model-bound:", {b: round(v) for b, v in bound.items()}, flush=True)
+    rows = sluice_sweep(EXAMPLES, "sluice", levels, 18700)
+    rows += sluice_sweep(mbs1_repository(), "sluice-mbs1", [c for c in levels if c >= 32], 18710)
+    if not args.skip_triton:
+        rows += triton_sweep(64, "triton", levels, 18720)
+    text = report(bound, rows)
+    print(text)
+    previous = args.results.read_text() if args.results.exists() else "# Benchmark results\n\n"
+    args.results.write_text(previous.rstrip() + "\n\n" + text)
+    (args.results.parent / "out").mkdir(exist_ok=True)
+    (args.results.parent / "out" / "compare_triton.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
