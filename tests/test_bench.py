@@ -15,7 +15,7 @@ from shared.datatypes import deserialize_bytes_elements
 from sluice.bench.http import Connection, ProtocolError, encode_get, parse_head
 from sluice.bench.loadgen import BenchError, BenchResult, LevelResult, bench, error_kind
 from sluice.bench.payload import InputSpec, encode_infer, input_specs, make_array
-from sluice.bench.report import table, to_json, write_plot
+from sluice.bench.report import batch_buckets, table, to_json, write_plot
 from sluice.bench.server_stats import ServerTotals, model_totals, split
 from sluice.bench.settings import BenchSettings, Target, parse_levels, parse_url
 from sluice.bench.stats import (
@@ -315,12 +315,18 @@ def test_report_table_and_json_without_the_token() -> None:
     text = table(result)
     assert text.splitlines()[0].split()[:2] == ["concurrency", "infer/s"]
     assert text.splitlines()[1].split()[:2] == ["4", "2.0"]
-    assert "concurrency 4: 2x1" in text
+    assert "concurrency 4: 2-3: 1 (100%)" in text
     doc = to_json(result)
     assert "secret" not in orjson.dumps(doc).decode()
     assert doc["levels"][0]["concurrency"] == 4
     assert doc["levels"][0]["result"]["server"]["batch_sizes"] == {"2": 1}
     assert doc["inputs"] == [{"name": "x", "datatype": "FP32", "shape": (1, 3)}]
+
+
+def test_batch_buckets_are_power_of_two_ranges() -> None:
+    assert batch_buckets({1: 5, 3: 2, 2: 1, 9: 4}) == {"1": 5, "2-3": 3, "4-7": 0, "8-15": 4}
+    assert batch_buckets({}, up_to=4) == {"1": 0, "2-3": 0, "4-7": 0}
+    assert batch_buckets({}) == {"1": 0}
 
 
 def test_plot_is_skipped_without_matplotlib(
@@ -363,7 +369,7 @@ def test_cli_sweeps_concurrency_against_sluice(service: Service, tmp_path: Path)
     ]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    assert "executed batch sizes" in result.output
+    assert "executed batches by batch size" in result.output
     doc = orjson.loads(out.read_bytes())
     assert [level["concurrency"] for level in doc["levels"]] == [1, 4]
     for level in doc["levels"]:

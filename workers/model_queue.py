@@ -93,6 +93,8 @@ class ModelQueue:
         self._room = asyncio.Event()
         self._room.set()
         self._running: set[asyncio.Future[None]] = set()
+        #: a batch just finished: read what queued up meanwhile before the next decision.
+        self._catch_up = False
         #: ids cancelled before this worker read them (insertion-ordered, bounded).
         self._cancelled: dict[str, None] = {}
 
@@ -182,15 +184,18 @@ class ModelQueue:
                 attempt += 1
                 await asyncio.sleep(delay)
                 continue
-            now = time.time_ns()
-            rejected: list[tuple[Queued, Result]] = []
-            for raw_stream, entries in reply or ():
-                stream = raw_stream.decode() if isinstance(raw_stream, bytes) else raw_stream
-                for entry_id, fields in entries:
-                    rejected += self._admit(stream, entry_id, fields, now)
-            await self._reject(rejected)
-            self._update_room()
-            self._wake.set()
+            await self._admit_reply(reply)
+
+    async def _admit_reply(self, reply: Any) -> None:
+        now = time.time_ns()
+        rejected: list[tuple[Queued, Result]] = []
+        for raw_stream, entries in reply or ():
+            stream = raw_stream.decode() if isinstance(raw_stream, bytes) else raw_stream
+            for entry_id, fields in entries:
+                rejected += self._admit(stream, entry_id, fields, now)
+        await self._reject(rejected)
+        self._update_room()
+        self._wake.set()
 
     def _admit(
         self, stream: str, entry_id: bytes, fields: dict[bytes, bytes], now: int
@@ -268,6 +273,8 @@ class ModelQueue:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            if self._catch_up:
+                await self._read_available()
             now = time.time_ns()
             await self._expire(now)
             if not self.pending:
@@ -280,6 +287,26 @@ class ModelQueue:
                 self._update_room()
                 continue
             await self._sleep(now, decision.ns)
+
+    async def _read_available(self) -> None:
+        """After a batch, take what queued up meanwhile before judging the next one.
+
+        The blocking reader may have handed over only the first request that arrived while
+        every instance was busy; that one is already past its delay, so without this read
+        it would run alone although others wait in the stream.
+        """
+        self._catch_up = False
+        room = max(1, self.spec.max_batch_size) - self.pending.units()
+        if self.stopping or not self.pending or room <= 0 or not self.rules.dynamic:
+            return
+        try:
+            reply = await self.redis.xreadgroup(
+                keys.WORKER_GROUP, self.consumer, dict.fromkeys(self.streams, ">"), count=room
+            )
+        except RedisError as exc:
+            log.warning("%s: catch-up read failed: %s", self.spec.name, exc)
+            return
+        await self._admit_reply(reply)
 
     async def _sleep(self, now: int, wait_ns: int | None) -> None:
         expiry = self.pending.next_expiry_ns()
@@ -313,11 +340,13 @@ class ModelQueue:
         failed = sum(r.error is not None for r in results)
         stats.requests_ok, stats.requests_failed = len(results) - failed, failed
         stats.request_ns = sum(max(0, time.time_ns() - r.enqueue_ns) for r in requests)
-        await self.publisher.publish(batch, results, stats.increments())
-        self.batches_done += 1
+        # the instance is free now: let the next batch form while this one is published
         self.free_lanes.append(lane)
+        self._catch_up = True
         self._update_room()
         self._wake.set()
+        await self.publisher.publish(batch, results, stats.increments())
+        self.batches_done += 1
 
     async def _run_isolating(
         self, lane: int, batch: Sequence[Queued], stats: BatchStats

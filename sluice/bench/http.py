@@ -76,6 +76,7 @@ class Connection:
         self._writer: asyncio.StreamWriter | None = None
 
     async def open(self) -> Connection:
+        self.close()
         self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
         sock = self._writer.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -84,7 +85,13 @@ class Connection:
 
     @property
     def closed(self) -> bool:
-        return self._writer is None or self._writer.is_closing()
+        """Not open, or the server closed its side (an idle keep-alive timed out)."""
+        return (
+            self._reader is None
+            or self._writer is None
+            or self._writer.is_closing()
+            or self._reader.at_eof()
+        )
 
     async def exchange(self, request: bytes) -> tuple[int, bytes]:
         """Send one request and return (status, body); closes when the server says so."""

@@ -113,10 +113,10 @@ async def _release_after(
 
 
 async def _open_loop(
-    target: Target, request: bytes, rate: float, poisson: bool, load: Load, seed: int
+    target: Target, request: bytes, rate: float, poisson: bool, load: Load
 ) -> None:
     """Send at `rate` req/s whatever the answers, each request on a free connection."""
-    rng = random.Random(seed)
+    rng = random.Random(0)  # the same schedule on every run
     loop = asyncio.get_running_loop()
     idle: asyncio.Queue[Connection] = asyncio.Queue()
     connections: list[Connection] = []
@@ -206,11 +206,16 @@ async def _run_level(
     target = settings.target
     if settings.mode == "concurrency":
         conns = [Connection(target.host, target.port) for _ in range(int(level))]
-        await asyncio.gather(*(c.open() for c in conns))
+        try:
+            await asyncio.gather(*(c.open() for c in conns))
+        except OSError:
+            for conn in conns:
+                conn.close()
+            raise
         tasks = [asyncio.create_task(_closed_loop(c, request, load)) for c in conns]
     else:
         poisson = settings.distribution == "poisson"
-        tasks = [asyncio.create_task(_open_loop(target, request, level, poisson, load, 0))]
+        tasks = [asyncio.create_task(_open_loop(target, request, level, poisson, load))]
     try:
         return await _measure_level(level, tasks, load, probe, settings, on_window)
     finally:

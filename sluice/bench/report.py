@@ -73,6 +73,22 @@ def _row(level: LevelResult) -> list[str]:
     return [f"{m.throughput:.1f}", *latency, str(m.errors), *server, f"{m.client_cpu:.0%}", stable]
 
 
+def batch_buckets(sizes: dict[int, int], up_to: int = 1) -> dict[str, int]:
+    """Executions per power-of-two range of batch size (1, 2-3, 4-7, ...), up to the largest.
+
+    Exact sizes are in the JSON; ranges keep the table and plot readable at any batch size.
+    """
+    top = max([*sizes, up_to])
+    buckets: dict[str, int] = {}
+    low = 1
+    while low <= top:
+        high = 2 * low - 1
+        label = str(low) if low == high else f"{low}-{high}"
+        buckets[label] = sum(n for size, n in sizes.items() if low <= size <= high)
+        low *= 2
+    return buckets
+
+
 def table(result: BenchResult) -> str:
     """The final table: client view (throughput, latency) next to the server's split."""
     settings = result.settings
@@ -86,11 +102,16 @@ def table(result: BenchResult) -> str:
         )
         lines.append(f"{level.level:<{width}g}{cells}")
     lines.append("")
-    lines.append("executed batch sizes (size x count):")
+    lines.append("executed batches by batch size:")
     for level in result.levels:
         s = level.result.server
-        sizes = "  ".join(f"{b}x{n}" for b, n in s.batch_sizes.items()) if s else "n/a"
-        lines.append(f"  {level_label(settings.mode, level.level)}: {sizes or 'none'}")
+        total = sum(s.batch_sizes.values()) if s else 0
+        sizes = "  ".join(
+            f"{label}: {n} ({n / total:.0%})"
+            for label, n in batch_buckets(s.batch_sizes if s else {}).items()
+            if n
+        )
+        lines.append(f"  {level_label(settings.mode, level.level)}: {sizes or 'n/a'}")
     busy = [lv for lv in result.levels if lv.result.client_cpu > CLIENT_BUSY]
     if busy:
         where = ", ".join(level_label(settings.mode, lv.level) for lv in busy)
@@ -186,14 +207,15 @@ def write_plot(result: BenchResult, path: Path) -> bool:
     left.legend()
     left.grid(alpha=0.3)
     levels = _batch_counts(result)
-    sizes = sorted({b for _, counts in levels for b in counts})
+    top = max((size for _, counts in levels for size in counts), default=1)
+    labels = list(batch_buckets({}, top))
     width = 0.8 / max(len(levels), 1)
     for i, (label, counts) in enumerate(levels):
         total = sum(counts.values())
-        x = [j + i * width for j in range(len(sizes))]
-        right.bar(x, [counts.get(b, 0) / total for b in sizes], width, label=label)
+        shares = [n / total for n in batch_buckets(counts, top).values()]
+        right.bar([j + i * width for j in range(len(labels))], shares, width, label=label)
     middle = width * (len(levels) - 1) / 2
-    right.set_xticks([j + middle for j in range(len(sizes))], [str(b) for b in sizes])
+    right.set_xticks([j + middle for j in range(len(labels))], labels)
     right.set(xlabel="executed batch size", ylabel="share of executions", title="batch sizes")
     if levels:
         right.legend(fontsize=7)
