@@ -22,7 +22,14 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from gateway.http_server import HttpRequest, HttpResponse
 from gateway.model_table import ModelTable
 from shared import keys
-from shared.stats import FAILURE_REASONS, VersionStats, parse_stats
+from shared.stats import (
+    DEAD_LETTERED,
+    FAILURE_REASONS,
+    RECLAIMED,
+    VersionStats,
+    histogram,
+    parse_stats,
+)
 
 LABELS = ["model", "version"]
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -123,6 +130,62 @@ def _batch_histogram(stats: dict[tuple[str, str], VersionStats]) -> HistogramMet
     return family
 
 
+def _latency_histograms(stats: dict[tuple[str, str], VersionStats]) -> list[Metric]:
+    families = []
+    for name, doc, prefix, field in (
+        ("sluice_queue_duration_seconds", "Time requests waited in the queue", "hq", "queue_ns"),
+        ("sluice_request_duration_seconds", "Time from enqueue to answer", "hr", "success_ns"),
+    ):
+        family = HistogramMetricFamily(name, doc, labels=LABELS)
+        for (model, version), s in sorted(stats.items()):
+            family.add_metric([model, version], histogram(s, prefix), s.get(field) / 1e9)
+        families.append(family)
+    return families
+
+
+async def _stream_gauges(redis: aioredis.Redis, table: ModelTable) -> list[Metric]:
+    """Backlog per model and priority level: entries in the stream and delivered-not-acked."""
+    length = GaugeMetricFamily(
+        "sluice_stream_entries",
+        "Entries in a request stream (queued or being served; each holds one or more requests)",
+        labels=["model", "level"],
+    )
+    pending = GaugeMetricFamily(
+        "sluice_stream_pending_entries",
+        "Entries delivered to a worker and not yet answered",
+        labels=["model", "level"],
+    )
+    for name, view in sorted(table.models.items()):
+        for level in view.queue_policy.levels:
+            stream = keys.request_stream(name, level)
+            try:
+                groups = await redis.xinfo_groups(stream)
+                size = await redis.xlen(stream)
+            except aioredis.ResponseError:  # no such stream yet
+                continue
+            held = sum(g["pending"] for g in groups)
+            length.add_metric([name, str(level)], size)
+            pending.add_metric([name, str(level)], held)
+    return [length, pending]
+
+
+def _recovery_counters(names: list[str], raws: list[dict[bytes, bytes]]) -> list[Metric]:
+    reclaimed = CounterMetricFamily(
+        "sluice_reclaimed_entries",
+        "Stream entries taken over from workers that died",
+        labels=["model"],
+    )
+    dead = CounterMetricFamily(
+        "sluice_dead_lettered_requests",
+        "Requests moved to the dead-letter stream after killing workers",
+        labels=["model"],
+    )
+    for name, raw in zip(names, raws, strict=True):
+        reclaimed.add_metric([name], int(raw.get(RECLAIMED.encode(), 0)))
+        dead.add_metric([name], int(raw.get(DEAD_LETTERED.encode(), 0)))
+    return [reclaimed, dead]
+
+
 async def render(redis: aioredis.Redis, table: ModelTable) -> bytes:
     names = sorted(table.models)
     async with redis.pipeline(transaction=False) as pipe:
@@ -130,33 +193,35 @@ async def render(redis: aioredis.Redis, table: ModelTable) -> bytes:
             pipe.hgetall(keys.model_stats(name))
         pipe.hgetall(keys.GATEWAY_STATS)
         *raws, gateway = await pipe.execute()
-        stats: dict[tuple[str, str], VersionStats] = {}
-        for name, raw in zip(names, raws, strict=True):
-            for version, s in parse_stats(raw).items():
-                stats[(name, str(version))] = s
-        metrics: list[Metric] = []
-        for metric, doc, field, divisor in _COUNTERS:
-            family = CounterMetricFamily(metric.removesuffix("_total"), doc, labels=LABELS)
-            for (model, version), s in sorted(stats.items()):
-                family.add_metric([model, version], s.get(field) // divisor)
-            metrics.append(family)
-        metrics.append(_failures(stats, gateway))
-        pending = GaugeMetricFamily(
-            "nv_inference_pending_request_count",
-            "Instantaneous number of pending requests awaiting execution per-model.",
-            labels=LABELS,
-        )
-        inflight: dict[tuple[str, str], int] = defaultdict(int)
-        for member in table.members:
-            for key, count in member.info.get("inflight", {}).items():
-                model, _, version = key.rpartition(":")
-                inflight[(model, version)] += count
-        for (model, version), count in sorted(inflight.items()):
-            pending.add_metric([model, version], count)
-        metrics += [pending, _batch_histogram(stats)]
-        registry = CollectorRegistry()
-        registry.register(_Snapshot(metrics))  # type: ignore[arg-type]
-        return generate_latest(registry)
+    stats: dict[tuple[str, str], VersionStats] = {}
+    for name, raw in zip(names, raws, strict=True):
+        for version, s in parse_stats(raw).items():
+            stats[(name, str(version))] = s
+    metrics: list[Metric] = []
+    for metric, doc, field, divisor in _COUNTERS:
+        family = CounterMetricFamily(metric.removesuffix("_total"), doc, labels=LABELS)
+        for (model, version), s in sorted(stats.items()):
+            family.add_metric([model, version], s.get(field) // divisor)
+        metrics.append(family)
+    metrics.append(_failures(stats, gateway))
+    pending = GaugeMetricFamily(
+        "nv_inference_pending_request_count",
+        "Instantaneous number of pending requests awaiting execution per-model.",
+        labels=LABELS,
+    )
+    inflight: dict[tuple[str, str], int] = defaultdict(int)
+    for member in table.members:
+        for key, count in member.info.get("inflight", {}).items():
+            model, _, version = key.rpartition(":")
+            inflight[(model, version)] += count
+    for (model, version), count in sorted(inflight.items()):
+        pending.add_metric([model, version], count)
+    metrics += [pending, _batch_histogram(stats), *_latency_histograms(stats)]
+    metrics += await _stream_gauges(redis, table)
+    metrics += _recovery_counters(names, raws)
+    registry = CollectorRegistry()
+    registry.register(_Snapshot(metrics))  # type: ignore[arg-type]
+    return generate_latest(registry)
 
 
 class MetricsApp:

@@ -7,6 +7,7 @@ stream entries (same hash slot), so statistics cost no extra round trip. Fields 
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -61,9 +62,9 @@ class BatchStats:
     requests_ok: int = 0
     requests_failed: int = 0
     failure_reason: str = "BACKEND"
-    #: sums over the batch's requests
-    request_ns: int = 0
-    queue_ns: int = 0
+    #: per request of the batch: time in queue, and from enqueue to answer
+    queue_samples_ns: list[int] = field(default_factory=list)
+    request_samples_ns: list[int] = field(default_factory=list)
     #: phase durations of the batch, counted once per request as Triton does
     input_ns: int = 0
     infer_ns: int = 0
@@ -82,7 +83,7 @@ class BatchStats:
             f"{v}:queue_count",
             n,
             f"{v}:queue_ns",
-            self.queue_ns,
+            sum(self.queue_samples_ns),
             f"{v}:compute_input_count",
             n,
             f"{v}:compute_input_ns",
@@ -105,7 +106,9 @@ class BatchStats:
             self.output_ns,
         ]
         if ok:
-            pairs += [f"{v}:success_count", ok, f"{v}:success_ns", self.request_ns]
+            pairs += [f"{v}:success_count", ok, f"{v}:success_ns", sum(self.request_samples_ns)]
+        pairs += _histogram_increments(f"{v}:hq", self.queue_samples_ns)
+        pairs += _histogram_increments(f"{v}:hr", self.request_samples_ns)
         if self.requests_failed:
             pairs += [
                 f"{v}:fail_count",
@@ -114,6 +117,49 @@ class BatchStats:
                 self.requests_failed,
             ]
         return pairs
+
+
+#: bucket bounds (seconds) of the queue-time and request-time histograms.
+LATENCY_BUCKETS_S = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+_BUCKET_BOUNDS_NS = [int(b * 1e9) for b in LATENCY_BUCKETS_S]
+
+#: fields kept for the whole model, not per version.
+RECLAIMED = "all:reclaimed"
+DEAD_LETTERED = "all:dead_lettered"
+
+
+def _histogram_increments(prefix: str, samples_ns: list[int]) -> list[str | int]:
+    """Per-bucket (not cumulative) counts, so that many workers can add to them."""
+    counts: dict[int, int] = {}
+    for sample in samples_ns:
+        index = bisect.bisect_left(_BUCKET_BOUNDS_NS, sample)
+        counts[index] = counts.get(index, 0) + 1
+    return [x for index, count in counts.items() for x in (f"{prefix}{index}", count)]
+
+
+def histogram(stats: VersionStats, prefix: str) -> list[tuple[str, int]]:
+    """Cumulative Prometheus buckets from the per-bucket counts."""
+    buckets, total = [], 0
+    for index, bound in enumerate(LATENCY_BUCKETS_S):
+        total += stats.get(f"{prefix}{index}")
+        buckets.append((str(bound), total))
+    buckets.append(("+Inf", total + stats.get(f"{prefix}{len(LATENCY_BUCKETS_S)}")))
+    return buckets
 
 
 def failure_increments(version: int, reason: str, count: int) -> list[str | int]:

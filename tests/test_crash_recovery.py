@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import signal
 import textwrap
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -118,6 +119,9 @@ def test_poison_request_is_dead_lettered_and_the_rest_served(
         assert len(dead) == 1
         assert int(dead[0][1][b"deliveries"]) == 3
         assert _infer(client, 41).get_result().as_numpy("OUT")[0, 0] == 42
+        metrics = urllib.request.urlopen(f"http://{service.metrics_url}/metrics").read()
+        assert b'sluice_dead_lettered_requests_total{model="fragile"} 1.0' in metrics
+        assert b'sluice_reclaimed_entries_total{model="fragile"}' in metrics
     finally:
         client.close()
         stop_service(service)

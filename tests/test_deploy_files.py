@@ -23,6 +23,12 @@ SERVED = {
     "nv_inference_compute_infer_duration_us_total",
     "nv_inference_compute_output_duration_us_total",
     "sluice_batch_size_bucket",
+    "sluice_queue_duration_seconds_bucket",
+    "sluice_request_duration_seconds_bucket",
+    "sluice_stream_entries",
+    "sluice_stream_pending_entries",
+    "sluice_reclaimed_entries_total",
+    "sluice_dead_lettered_requests_total",
 }
 
 

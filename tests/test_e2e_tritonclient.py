@@ -229,6 +229,11 @@ def test_statistics_and_metrics_cover_the_fleet(
         "nv_inference_queue_duration_us_total",
         "nv_inference_compute_infer_duration_us_total",
         "sluice_batch_size_bucket",
+        "sluice_queue_duration_seconds_bucket",
+        "sluice_request_duration_seconds_bucket",
+        "sluice_stream_entries",
+        "sluice_stream_pending_entries",
+        "sluice_reclaimed_entries_total",
     ):
         assert name in text, name
 

@@ -335,11 +335,12 @@ class ModelQueue:
         stats = BatchStats(
             requests[0].version, sum(q.pending.batch_size for q in batch), started // 1_000_000
         )
-        stats.queue_ns = sum(max(0, started - r.enqueue_ns) for r in requests)
+        stats.queue_samples_ns = [max(0, started - r.enqueue_ns) for r in requests]
         results = await self._run_isolating(lane, batch, stats)
         failed = sum(r.error is not None for r in results)
         stats.requests_ok, stats.requests_failed = len(results) - failed, failed
-        stats.request_ns = sum(max(0, time.time_ns() - r.enqueue_ns) for r in requests)
+        finished = time.time_ns()
+        stats.request_samples_ns = [max(0, finished - r.enqueue_ns) for r in requests]
         # the instance is free now: let the next batch form while this one is published
         self.free_lanes.append(lane)
         self._catch_up = True

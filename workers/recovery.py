@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 
 from shared import keys
 from shared.protocol import Request, encode_requests
+from shared.stats import DEAD_LETTERED, RECLAIMED
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,7 @@ class Recovery:
         entries = reply[1]
         if not entries:
             return []
+        await self.redis.hincrby(keys.model_stats(self.model), RECLAIMED, len(entries))
         ids = [entry_id for entry_id, _ in entries]
         pending = await self.redis.xpending_range(
             self.stream,
@@ -128,6 +130,7 @@ class Recovery:
             }
         )
         await self.redis.xadd(self.dead_stream, fields, maxlen=DEAD_LETTER_MAXLEN, approximate=True)
+        await self.redis.hincrby(keys.model_stats(self.model), DEAD_LETTERED, 1)
         log.error("%s: entry %r dead-lettered: %s", self.model, claimed.entry_id, reason)
 
     async def prune_consumers(self) -> None:
