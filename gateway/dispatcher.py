@@ -189,14 +189,11 @@ class Dispatcher:
             except RedisError as exc:
                 self._fail([r for rs in outbox.values() for r in rs], f"queue unavailable: {exc}")
                 return
-            admitted = iter(reply for reply in replies if isinstance(reply, list))
-            for requests in bounded:
-                flags = next(admitted)
-                for request, ok in zip(requests, flags, strict=True):
-                    if not ok:
-                        self._fail(
-                            [request], f"[request id: {request.id}] Exceeds maximum queue size"
-                        )
+        admitted = iter(reply for reply in replies if isinstance(reply, list))
+        for requests in bounded:
+            for request, ok in zip(requests, next(admitted), strict=True):
+                if not ok:
+                    self._fail([request], f"[request id: {request.id}] Exceeds maximum queue size")
 
     def _fail(self, requests: list[Request], message: str) -> None:
         error = Unavailable(message)

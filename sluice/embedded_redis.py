@@ -41,7 +41,8 @@ def redis_server_binary() -> str:
     return found
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
+    """preexec_fn for children that must not outlive us (PR_SET_PDEATHSIG)."""
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
@@ -109,7 +110,7 @@ class EmbeddedRedis:
     def start(self) -> EmbeddedRedis:
         if self.running:
             raise RuntimeError("redis-server is already running")
-        self.process = subprocess.Popen(self._args(), preexec_fn=_die_with_parent)
+        self.process = subprocess.Popen(self._args(), preexec_fn=die_with_parent)
         self._wait_ready()
         return self
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import dataclasses
 import logging
 import signal
@@ -20,7 +19,7 @@ from pathlib import Path
 import uvloop
 
 from gateway.server import GatewayConfig, serve_gateway
-from sluice.embedded_redis import EmbeddedRedis
+from sluice.embedded_redis import EmbeddedRedis, die_with_parent
 
 log = logging.getLogger("sluice.serve")
 
@@ -36,10 +35,6 @@ class ServeConfig:
     embedded_redis: bool = False
     #: extra `sluice worker` options (recovery settings) passed to every worker.
     worker_args: tuple[str, ...] = ()
-
-
-def _die_with_parent() -> None:
-    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)
 
 
 class WorkerPool:
@@ -69,7 +64,7 @@ class WorkerPool:
 
     async def _keep(self, slot: int) -> None:
         while not self.stopping:
-            process = await asyncio.create_subprocess_exec(*self.argv, preexec_fn=_die_with_parent)
+            process = await asyncio.create_subprocess_exec(*self.argv, preexec_fn=die_with_parent)
             self.processes[slot] = process
             code = await process.wait()
             if self.stopping:
