@@ -12,24 +12,33 @@ import logging
 import time
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qsl
 
 import orjson
 
 from gateway import metadata
 from gateway.dispatcher import Dispatcher, Route
 from gateway.http_server import HttpRequest, HttpResponse
-from gateway.infer_codec import HEADER_LENGTH, decompress, encode_response, parse_infer
+from gateway.infer_codec import (
+    HEADER_LENGTH,
+    ParsedInfer,
+    decompress,
+    encode_response,
+    parse_infer,
+)
+from gateway.jobs import MAX_WAIT_S, Job, JobStore, job_stream, new_job_id
 from gateway.model_table import ModelTable, ModelView
 from shared import keys
 from shared.errors import (
     InvalidInput,
+    JobNotFound,
     ModelNotReady,
     SluiceError,
     Unauthorized,
     Unavailable,
     error_from_code,
 )
-from shared.protocol import Request
+from shared.protocol import Request, Result
 from shared.queue_policy import DEADLINE, PRIORITY, TIMEOUT, deadline_us
 from shared.signature import validate_inputs
 
@@ -46,6 +55,8 @@ class GatewayLimits:
     request_timeout_s: float = 300.0
     #: when set, every request but the health probes needs `Authorization: Bearer <token>`.
     auth_token: str | None = None
+    #: how long a job and its result are kept.
+    job_ttl_s: int = 3600
 
 
 def json_response(payload: Any, status: int = 200) -> HttpResponse:
@@ -59,10 +70,13 @@ def error_response(error: SluiceError) -> HttpResponse:
 class GatewayApp:
     """The request handler; `dispatcher` and `table` are created by the server before serving."""
 
-    def __init__(self, dispatcher: Dispatcher, table: ModelTable, limits: GatewayLimits) -> None:
+    def __init__(
+        self, dispatcher: Dispatcher, table: ModelTable, limits: GatewayLimits, jobs: JobStore
+    ) -> None:
         self.dispatcher = dispatcher
         self.table = table
         self.limits = limits
+        self.jobs = jobs
 
     async def __call__(self, request: HttpRequest) -> HttpResponse:
         try:
@@ -97,6 +111,8 @@ class GatewayApp:
             return HttpResponse(200 if ok else 400)
         if rest == ["repository", "index"] and method == "POST":
             return json_response(metadata.repository_index(self.table.models))
+        if rest[0] == "jobs" and len(rest) == 2 and method in ("GET", "DELETE"):
+            return await self._job_route(method, rest[1], request.query)
         if rest[0] == "models" and len(rest) >= 2:
             if rest[1:] == ["stats"]:
                 return json_response(
@@ -117,6 +133,8 @@ class GatewayApp:
         view = await self._view(name)
         if action == "infer" and request.method == "POST":
             return await self._infer(view, version, request)
+        if action == "jobs" and request.method == "POST":
+            return await self._submit_job(view, version, request)
         if action == "ready":
             ready = (int(version) in view.ready_versions) if version else view.ready
             if ready:
@@ -143,43 +161,42 @@ class GatewayApp:
             await self.table.refresh()  # a model registered since the last refresh
         return self.table.get(name)
 
-    async def _infer(
-        self,
-        view: ModelView,
-        version_text: str | None,
-        http: HttpRequest,
-    ) -> HttpResponse:
+    def _prepare(
+        self, view: ModelView, version_text: str | None, http: HttpRequest
+    ) -> tuple[ParsedInfer, int, Route, dict[str, Any]]:
+        """Parse and validate an infer body: the parsed request, version, route, parameters."""
         if not self.table.reachable:
             raise Unavailable("queue unavailable: Redis is unreachable")
         version = view.resolve_version(version_text) or max(view.versions)
         sig = view.signature
         assert sig is not None
-        headers = http.headers
-        encoding = headers.get(b"content-encoding")
-        body = http.body
-        body = decompress(body, encoding.decode() if encoding else None)
-        header_length = _header_length(headers)
+        encoding = http.headers.get(b"content-encoding")
+        body = decompress(http.body, encoding.decode() if encoding else None)
         try:
-            parsed = parse_infer(body, header_length, sig)
+            parsed = parse_infer(body, _header_length(http.headers), sig)
             validate_inputs(sig, parsed.inputs)
-            if parsed.outputs:
-                known = set(sig.output_names())
-                for output in parsed.outputs:
-                    if output not in known:
-                        raise InvalidInput(
-                            f"unexpected inference output '{output}' for model '{view.name}'"
-                        )
-        except InvalidInput:
-            self._count_failure(view.name, version, "OTHER")
-            raise
-        params = {k: v for k, v in parsed.parameters.items() if k in FORWARDED_PARAMETERS}
-        policy = view.queue_policy
-        try:
+            for output in parsed.outputs or ():
+                if output not in sig.output_names():
+                    raise InvalidInput(
+                        f"unexpected inference output '{output}' for model '{view.name}'"
+                    )
+            params = {k: v for k, v in parsed.parameters.items() if k in FORWARDED_PARAMETERS}
+            policy = view.queue_policy
             level = policy.level_of(params)
-            deadline_s = deadline_us(params) / 1e6
+            deadline_us(params)
         except InvalidInput:
             self._count_failure(view.name, version, "OTHER")
             raise
+        route = Route(
+            view.name, level, max(1, sig.max_batch_size), policy.for_level(level).max_queue_size
+        )
+        return parsed, version, route, params
+
+    async def _infer(
+        self, view: ModelView, version_text: str | None, http: HttpRequest
+    ) -> HttpResponse:
+        parsed, version, route, params = self._prepare(view, version_text, http)
+        deadline_s = deadline_us(params) / 1e6
         request = Request(
             self.dispatcher.new_request_id(),
             version,
@@ -188,9 +205,6 @@ class GatewayApp:
             parsed.inputs,
             tuple(parsed.outputs) if parsed.outputs else None,
             params,
-        )
-        route = Route(
-            view.name, level, max(1, sig.max_batch_size), policy.for_level(level).max_queue_size
         )
 
         def client_gone(_: object) -> None:
@@ -207,19 +221,52 @@ class GatewayApp:
             )
         finally:
             http.disconnected.remove_done_callback(client_gone)
-        if result.error is not None:
-            raise error_from_code(*result.error)
-        body_parts, json_length = encode_response(view.name, version, parsed, result.outputs)
-        if json_length is None:
-            return HttpResponse(200, body_parts, JSON)
-        return HttpResponse(
-            200,
-            body_parts,
-            [
-                (b"content-type", b"application/octet-stream"),
-                (HEADER_LENGTH.encode(), str(json_length).encode()),
-            ],
+        return result_response(view.name, version, parsed, result)
+
+    async def _submit_job(
+        self, view: ModelView, version_text: str | None, http: HttpRequest
+    ) -> HttpResponse:
+        parsed, version, route, params = self._prepare(view, version_text, http)
+        job_id = new_job_id(parsed.id)
+        request = Request(
+            job_id,
+            version,
+            time.time_ns(),
+            job_stream(job_id),
+            parsed.inputs,
+            tuple(parsed.outputs) if parsed.outputs else None,
+            params,
         )
+        meta = {
+            "model": view.name,
+            "version": version,
+            "client_id": parsed.id,
+            "outputs": parsed.outputs,
+            "binary": parsed.binary_output,
+        }
+        await self.jobs.submit(request, keys.request_stream(view.name, route.level), meta)
+        job = await self.jobs.get(job_id)
+        return _job_status(job_id, job)
+
+    async def _job_route(self, method: str, job_id: str, query: str) -> HttpResponse:
+        if method == "DELETE":
+            job = await self.jobs.get(job_id)
+            outcome = await self.jobs.cancel(job_id)
+            if outcome < 0 or job is None:
+                raise JobNotFound(f"job '{job_id}' is unknown or expired")
+            if outcome == 0:
+                return json_response({"error": f"job '{job_id}' has already finished"}, 409)
+            await self.dispatcher.redis.publish(keys.cancel_channel(job.meta["model"]), job_id)
+            return json_response({"id": job_id, "status": "cancelled"})
+        wait_s = min(_wait_seconds(query), MAX_WAIT_S)
+        job = await self.jobs.get(job_id, wait_s)
+        if job is None:
+            raise JobNotFound(f"job '{job_id}' is unknown or expired")
+        if job.result is None:
+            return _job_status(job_id, job)
+        meta = job.meta
+        parsed = ParsedInfer(meta["client_id"], {}, [], meta["outputs"], meta["binary"])
+        return result_response(meta["model"], meta["version"], parsed, job.result)
 
     def _count_failure(self, model: str, version: int, reason: str) -> None:
         """Failures that never reach a worker still show in the fleet-wide metrics."""
@@ -239,3 +286,42 @@ def _header_length(headers: dict[bytes, bytes]) -> int | None:
     if value < 0:
         raise InvalidInput("Inference-Header-Content-Length must not be negative")
     return value
+
+
+def result_response(model: str, version: int, parsed: ParsedInfer, result: Result) -> HttpResponse:
+    """The infer response for a result, binary or JSON as the request asked."""
+    if result.error is not None:
+        raise error_from_code(*result.error)
+    body_parts, json_length = encode_response(model, version, parsed, result.outputs)
+    if json_length is None:
+        return HttpResponse(200, body_parts, JSON)
+    return HttpResponse(
+        200,
+        body_parts,
+        [
+            (b"content-type", b"application/octet-stream"),
+            (HEADER_LENGTH.encode(), str(json_length).encode()),
+        ],
+    )
+
+
+def _job_status(job_id: str, job: Job | None) -> HttpResponse:
+    status = job.status if job is not None else "queued"
+    body = {"id": job_id, "status": status}
+    if job is not None:
+        body.update(model_name=job.meta["model"], model_version=str(job.meta["version"]))
+    headers = [*JSON, (b"location", f"/v2/jobs/{job_id}".encode())]
+    return HttpResponse(202, orjson.dumps(body), headers)
+
+
+def _wait_seconds(query: str) -> float:
+    for key, value in parse_qsl(query):
+        if key == "wait":
+            try:
+                wait = float(value)
+            except ValueError:
+                raise InvalidInput("'wait' must be a number of seconds") from None
+            if not wait >= 0:
+                raise InvalidInput("'wait' must not be negative")
+            return wait
+    return 0.0

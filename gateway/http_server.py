@@ -37,6 +37,8 @@ class HttpRequest:
     disconnected: asyncio.Future[None]
     #: a reason to refuse the request without handling it (e.g. body too large).
     refusal: str | None = None
+    #: the raw query string (after `?`).
+    query: str = ""
 
 
 @dataclass(slots=True)
@@ -132,7 +134,7 @@ class _Connection(asyncio.Protocol):
             self.body.append(body)
 
     def on_message_complete(self) -> None:
-        path, _, _ = self.url.partition(b"?")
+        path, _, query = self.url.partition(b"?")
         request = HttpRequest(
             self.parser.get_method().decode("latin-1"),
             unquote(path.decode("latin-1")) if path else "/",
@@ -140,6 +142,7 @@ class _Connection(asyncio.Protocol):
             self.body[0] if len(self.body) == 1 else b"".join(self.body),
             self.disconnected,
             self.refusal,
+            query.decode("latin-1"),
         )
         self.queue.append((request, self.parser.should_keep_alive()))
         if len(self.queue) >= MAX_PIPELINED and self.transport:

@@ -17,6 +17,7 @@ from redis.exceptions import RedisError
 from gateway.app import GatewayApp, GatewayLimits
 from gateway.dispatcher import Dispatcher
 from gateway.http_server import HttpServer
+from gateway.jobs import JobStore
 from gateway.metrics import MetricsApp
 from gateway.model_table import ModelTable
 from shared.redis_client import async_client
@@ -47,7 +48,10 @@ async def serve_gateway(
     reader = async_client(config.redis_url, socket_timeout_s=None)
     dispatcher = Dispatcher(redis, reader, gateway_id)
     table = ModelTable(redis, gateway_id, dispatcher.inflight_snapshot)
-    http = HttpServer(GatewayApp(dispatcher, table, config.limits), config.limits.max_body_bytes)
+    waiter = async_client(config.redis_url, socket_timeout_s=None)
+    jobs = JobStore(redis, waiter, config.limits.job_ttl_s)
+    app = GatewayApp(dispatcher, table, config.limits, jobs)
+    http = HttpServer(app, config.limits.max_body_bytes)
     metrics = HttpServer(MetricsApp(redis, table))
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -74,6 +78,7 @@ async def serve_gateway(
         await table.remove_self()
         await redis.aclose()
         await reader.aclose()
+        await waiter.aclose()
 
 
 async def _announce_ready(table: ModelTable, on_ready: Callable[[], None]) -> None:

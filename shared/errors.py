@@ -32,6 +32,11 @@ class ModelNotFound(SluiceError):
     code = "NOT_FOUND"
 
 
+class JobNotFound(SluiceError):
+    http_status = 404
+    code = "NOT_FOUND_JOB"
+
+
 class ModelNotReady(SluiceError):
     http_status = 400
     code = "UNAVAILABLE_MODEL"

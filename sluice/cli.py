@@ -56,6 +56,13 @@ max_body = _option(
     type=int,
     help="Largest accepted request body.",
 )
+job_ttl = _option(
+    "--job-ttl",
+    env="JOB_TTL",
+    default=3600,
+    type=click.IntRange(min=1),
+    help="Seconds an asynchronous job and its result are kept (POST .../jobs).",
+)
 claim_idle = _option(
     "--claim-idle-ms",
     env="CLAIM_IDLE_MS",
@@ -101,8 +108,10 @@ def _gateway_config(
     timeout_s: float,
     body: int,
     token: str | None,
+    job_ttl_s: int,
 ) -> GatewayConfig:
-    return GatewayConfig(redis, host_, http, metrics, GatewayLimits(body, timeout_s, token))
+    limits = GatewayLimits(body, timeout_s, token, job_ttl_s)
+    return GatewayConfig(redis, host_, http, metrics, limits)
 
 
 @click.group()
@@ -127,6 +136,7 @@ def main() -> None:
 @timeout
 @max_body
 @auth_token
+@job_ttl
 @claim_idle
 @max_deliveries
 @log_level
@@ -140,6 +150,7 @@ def serve(
     request_timeout: float,
     max_body_bytes: int,
     auth_token: str | None,
+    job_ttl: int,
     claim_idle_ms: int,
     max_deliveries: int,
     log_level: str,
@@ -149,7 +160,14 @@ def serve(
 
     _logging(log_level)
     gateway = _gateway_config(
-        redis_url or "", host, http_port, metrics_port, request_timeout, max_body_bytes, auth_token
+        redis_url or "",
+        host,
+        http_port,
+        metrics_port,
+        request_timeout,
+        max_body_bytes,
+        auth_token,
+        job_ttl,
     )
     worker_args = ("--claim-idle-ms", str(claim_idle_ms), "--max-deliveries", str(max_deliveries))
     run_serve(
@@ -171,6 +189,7 @@ def serve(
 @timeout
 @max_body
 @auth_token
+@job_ttl
 @log_level
 def gateway(
     redis_url: str,
@@ -180,6 +199,7 @@ def gateway(
     request_timeout: float,
     max_body_bytes: int,
     auth_token: str | None,
+    job_ttl: int,
     log_level: str,
 ) -> None:
     """Run one stateless gateway (HTTP API + metrics) against a shared Redis."""
@@ -189,7 +209,14 @@ def gateway(
 
     _logging(log_level)
     config = _gateway_config(
-        redis_url, host, http_port, metrics_port, request_timeout, max_body_bytes, auth_token
+        redis_url,
+        host,
+        http_port,
+        metrics_port,
+        request_timeout,
+        max_body_bytes,
+        auth_token,
+        job_ttl,
     )
     logger = logging.getLogger("sluice.gateway")
     uvloop.run(

@@ -1,0 +1,113 @@
+"""Asynchronous jobs: submit now, collect later from any gateway, even after disconnecting.
+
+A job is one Redis stream, `sluice:{job:<id>}`, created with a metadata entry and a TTL. The
+request goes to the model's queue like any other, with that stream as its reply route, so
+workers need nothing new: they append the result entry. Reading the job is an XRANGE;
+waiting for it is an XREAD that blocks on the stream, which any number of waiters can do.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from shared import keys
+from shared.errors import InvalidInput, Unavailable
+from shared.protocol import Request, Result, decode_results, encode_requests, encode_results
+
+_JOB_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+MAX_WAIT_S = 60.0
+
+#: create the job stream with its metadata entry unless it exists (idempotent submission).
+CREATE_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('XADD', KEYS[1], '*', 'm', ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+
+#: answer a job with `cancelled` unless a result is already there.
+CANCEL_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+if redis.call('XLEN', KEYS[1]) > 1 then return 0 end
+redis.call('XADD', KEYS[1], '*', 'h', ARGV[1], 'd', ARGV[2])
+return 1
+"""
+
+
+def job_stream(job_id: str) -> str:
+    return f"{keys.PREFIX}:{{job:{job_id}}}"
+
+
+def new_job_id(client_id: str | None) -> str:
+    """The client's id is the idempotency key; without one, a fresh id."""
+    if client_id is None:
+        return uuid.uuid4().hex
+    if not _JOB_ID.match(client_id):
+        raise InvalidInput("job 'id' must be 1-128 characters of A-Z a-z 0-9 . _ : -")
+    return client_id
+
+
+@dataclass(slots=True)
+class Job:
+    id: str
+    meta: dict[str, Any]
+    result: Result | None
+
+    @property
+    def status(self) -> str:
+        return "queued" if self.result is None else "done"
+
+
+class JobStore:
+    def __init__(self, redis: aioredis.Redis, waiter: aioredis.Redis, ttl_s: int) -> None:
+        self.redis = redis
+        self.waiter = waiter
+        self.ttl_s = ttl_s
+        self._create = redis.register_script(CREATE_LUA)
+        self._cancel = redis.register_script(CANCEL_LUA)
+
+    async def submit(self, request: Request, stream: str, meta: dict[str, Any]) -> bool:
+        """Create the job and queue its request; False if the job already existed."""
+        try:
+            created = await self._create(
+                keys=[request.reply_to], args=[msgpack.packb(meta), self.ttl_s]
+            )
+            if created:
+                await self.redis.xadd(stream, encode_requests([request]))
+        except RedisError as exc:
+            raise Unavailable(f"queue unavailable: {exc}") from None
+        return bool(created)
+
+    async def get(self, job_id: str, wait_s: float = 0.0) -> Job | None:
+        stream = job_stream(job_id)
+        try:
+            entries = await self.redis.xrange(stream, count=2)
+            if len(entries) == 1 and wait_s > 0:
+                await self.waiter.xread({stream: entries[0][0]}, block=int(wait_s * 1000))
+                entries = await self.redis.xrange(stream, count=2)
+        except RedisError as exc:
+            raise Unavailable(f"queue unavailable: {exc}") from None
+        if not entries or b"m" not in entries[0][1]:
+            return None
+        meta = msgpack.unpackb(entries[0][1][b"m"])
+        result = decode_results(entries[1][1])[0] if len(entries) > 1 else None
+        return Job(job_id, meta, result)
+
+    async def cancel(self, job_id: str) -> int:
+        """1: cancelled; 0: already finished; -1: unknown."""
+        fields = encode_results(
+            [Result(job_id, error=("CANCELLED", "job was cancelled before it ran"))]
+        )
+        try:
+            return int(
+                await self._cancel(keys=[job_stream(job_id)], args=[fields["h"], fields["d"]])
+            )
+        except RedisError as exc:
+            raise Unavailable(f"queue unavailable: {exc}") from None

@@ -1,0 +1,101 @@
+"""Asynchronous jobs over HTTP: submit, fetch later (or long-poll), idempotency, cancel."""
+
+from __future__ import annotations
+
+import http.client
+import json
+from typing import Any
+
+import numpy as np
+import tritonclient.http as httpclient
+
+from tests.conftest import Service
+
+
+def _call(service: Service, method: str, path: str, body: Any = None) -> tuple[int, dict, dict]:
+    host, port = service.http_url.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    payload = json.dumps(body).encode() if body is not None else None
+    conn.request(method, path, body=payload)
+    response = conn.getresponse()
+    data = response.read()
+    headers = {k.lower(): v for k, v in response.getheaders()}
+    conn.close()
+    return response.status, json.loads(data) if data else {}, headers
+
+
+def _body(value: float, job_id: str | None = None) -> dict:
+    body: dict = {
+        "inputs": [{"name": "IN", "datatype": "FP32", "shape": [2, 3], "data": [value] * 6}]
+    }
+    if job_id is not None:
+        body["id"] = job_id
+    return body
+
+
+def _exec_count(service: Service, model: str) -> int:
+    client = httpclient.InferenceServerClient(service.http_url)
+    stats = client.get_inference_statistics(model)["model_stats"][0]
+    client.close()
+    return int(stats["execution_count"])
+
+
+def test_submit_then_collect_with_a_long_poll(service: Service) -> None:
+    status, body, headers = _call(service, "POST", "/v2/models/nobatch/jobs", _body(2.0))
+    assert status == 202
+    job_id = body["id"]
+    assert headers["location"] == f"/v2/jobs/{job_id}"
+    status, result, _ = _call(service, "GET", f"/v2/jobs/{job_id}?wait=30")
+    assert status == 200
+    assert result["model_name"] == "nobatch"
+    assert result["outputs"][0]["shape"] == [3, 2]
+    assert result["outputs"][0]["data"] == [2.0] * 6
+    # the result stays for every later reader
+    assert _call(service, "GET", f"/v2/jobs/{job_id}")[1] == result
+
+
+def test_resubmitting_an_id_returns_the_same_job_and_runs_once(service: Service) -> None:
+    before = _exec_count(service, "nobatch")
+    first = _call(service, "POST", "/v2/models/nobatch/jobs", _body(1.0, "job-idem-1"))
+    status, result, _ = _call(service, "GET", "/v2/jobs/job-idem-1?wait=30")
+    assert (first[0], first[1]["id"], status) == (202, "job-idem-1", 200)
+    again = _call(service, "POST", "/v2/models/nobatch/jobs", _body(5.0, "job-idem-1"))
+    assert again[1] == {
+        "id": "job-idem-1",
+        "status": "done",
+        "model_name": "nobatch",
+        "model_version": "1",
+    }
+    assert _call(service, "GET", "/v2/jobs/job-idem-1")[1] == result
+    assert _exec_count(service, "nobatch") - before == 1
+
+
+def test_unknown_job_is_404_and_bad_input_is_400(service: Service) -> None:
+    status, body, _ = _call(service, "GET", "/v2/jobs/never-submitted")
+    assert status == 404 and "unknown" in body["error"]
+    status, body, _ = _call(
+        service,
+        "POST",
+        "/v2/models/nobatch/jobs",
+        {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [9], "data": [1.0] * 9}]},
+    )
+    assert status == 400 and "'IN'" in body["error"]
+
+
+def test_cancel_before_it_runs_and_not_after(service: Service) -> None:
+    # batch8 waits up to a second to fill a batch: the job is still queued when cancelled
+    x = {
+        "inputs": [
+            {"name": "IN", "datatype": "FP32", "shape": [1, 4], "data": np.ones(4).tolist()}
+        ],
+        "id": "job-cancel-1",
+    }
+    assert _call(service, "POST", "/v2/models/batch8/jobs", x)[0] == 202
+    status, body, _ = _call(service, "DELETE", "/v2/jobs/job-cancel-1")
+    assert (status, body["status"]) == (200, "cancelled")
+    status, body, _ = _call(service, "GET", "/v2/jobs/job-cancel-1")
+    assert status == 400 and "cancelled" in body["error"]
+    done = _call(service, "POST", "/v2/models/nobatch/jobs", _body(1.0, "job-cancel-2"))[1]
+    _call(service, "GET", f"/v2/jobs/{done['id']}?wait=30")
+    assert _call(service, "DELETE", "/v2/jobs/job-cancel-2")[0] == 409
+    assert _call(service, "DELETE", "/v2/jobs/nope")[0] == 404
