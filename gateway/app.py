@@ -10,6 +10,7 @@ import asyncio
 import hmac
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
@@ -26,7 +27,7 @@ from gateway.infer_codec import (
     encode_response,
     parse_infer,
 )
-from gateway.jobs import MAX_WAIT_S, Job, JobStore, job_stream, new_job_id
+from gateway.jobs import MAX_WAIT_S, Job, JobStore, new_job_id
 from gateway.model_table import ModelTable, ModelView
 from shared import keys
 from shared.errors import (
@@ -38,7 +39,7 @@ from shared.errors import (
     Unavailable,
     error_from_code,
 )
-from shared.protocol import Request, Result
+from shared.protocol import Request, Result, job_event
 from shared.queue_policy import DEADLINE, PRIORITY, TIMEOUT, deadline_us
 from shared.signature import validate_inputs
 
@@ -113,6 +114,8 @@ class GatewayApp:
             return json_response(metadata.repository_index(self.table.models))
         if rest[0] == "jobs" and len(rest) == 2 and method in ("GET", "DELETE"):
             return await self._job_route(method, rest[1], request.query)
+        if rest[0] == "jobs" and len(rest) == 3 and rest[2] == "events" and method == "GET":
+            return await self._job_events(rest[1])
         if rest[0] == "models" and len(rest) >= 2:
             if rest[1:] == ["stats"]:
                 return json_response(
@@ -232,7 +235,7 @@ class GatewayApp:
             job_id,
             version,
             time.time_ns(),
-            job_stream(job_id),
+            keys.job_stream(job_id),
             parsed.inputs,
             tuple(parsed.outputs) if parsed.outputs else None,
             params,
@@ -257,6 +260,9 @@ class GatewayApp:
             if outcome == 0:
                 return json_response({"error": f"job '{job_id}' has already finished"}, 409)
             await self.dispatcher.redis.publish(keys.cancel_channel(job.meta["model"]), job_id)
+            await self.dispatcher.redis.publish(
+                keys.job_channel(job_id), job_event(job_id, "cancelled")
+            )
             return json_response({"id": job_id, "status": "cancelled"})
         wait_s = min(_wait_seconds(query), MAX_WAIT_S)
         job = await self.jobs.get(job_id, wait_s)
@@ -267,6 +273,40 @@ class GatewayApp:
         meta = job.meta
         parsed = ParsedInfer(meta["client_id"], {}, [], meta["outputs"], meta["binary"])
         return result_response(meta["model"], meta["version"], parsed, job.result)
+
+    async def _job_events(self, job_id: str) -> HttpResponse:
+        """Server-sent events: the job's status now, then its result (or error) when done."""
+        job = await self.jobs.get(job_id)
+        if job is None:
+            raise JobNotFound(f"job '{job_id}' is unknown or expired")
+
+        async def events() -> AsyncIterator[bytes]:
+            current: Job | None = job
+            yield _sse("status", {"id": job_id, "status": job.status})
+            while current is not None and current.result is None:
+                yield b": waiting\n\n"  # keeps proxies from closing an idle stream
+                current = await self.jobs.get(job_id, MAX_WAIT_S)
+            if current is None:
+                yield _sse("error", {"id": job_id, "error": "job expired"})
+                return
+            yield _sse("status", {"id": job_id, "status": current.status})
+            yield _sse("result", self._job_result_json(current))
+
+        headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+        return HttpResponse(200, headers=headers, stream=events())
+
+    @staticmethod
+    def _job_result_json(job: Job) -> dict[str, Any]:
+        assert job.result is not None
+        if job.result.error is not None:
+            return {"error": job.result.error[1]}
+        meta = job.meta
+        parsed = ParsedInfer(meta["client_id"], {}, [], meta["outputs"], binary_output=False)
+        if parsed.outputs:
+            parsed.outputs = dict.fromkeys(parsed.outputs, False)
+        body, _ = encode_response(meta["model"], meta["version"], parsed, job.result.outputs)
+        assert isinstance(body, bytes)
+        return orjson.loads(body)
 
     def _count_failure(self, model: str, version: int, reason: str) -> None:
         """Failures that never reach a worker still show in the fleet-wide metrics."""
@@ -325,3 +365,7 @@ def _wait_seconds(query: str) -> float:
                 raise InvalidInput("'wait' must not be negative")
             return wait
     return 0.0
+
+
+def _sse(event: str, data: Any) -> bytes:
+    return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"

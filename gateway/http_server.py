@@ -13,7 +13,7 @@ import asyncio
 import collections
 import logging
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from urllib.parse import unquote
@@ -46,6 +46,9 @@ class HttpResponse:
     status: int
     body: bytes | list[bytes | memoryview] = b""
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    #: a body written piece by piece as it is produced (server-sent events); the
+    #: connection closes after it.
+    stream: AsyncIterator[bytes] | None = None
 
 
 Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
@@ -165,6 +168,9 @@ class _Connection(asyncio.Protocol):
                 self.queue.popleft()
                 if self.transport is None or self.transport.is_closing():
                     return
+                if response.stream is not None:
+                    await self._stream(response)
+                    return
                 keep_alive = keep_alive and not self.server.closing
                 accept = request.headers.get(b"accept-encoding", b"")
                 self.transport.write(encode_response(response, accept, keep_alive))
@@ -176,6 +182,19 @@ class _Connection(asyncio.Protocol):
         finally:
             self.worker = None
             self.server.idle.set()
+
+    async def _stream(self, response: HttpResponse) -> None:
+        assert self.transport is not None and response.stream is not None
+        head = [b"HTTP/1.1 %d %s\r\n" % (response.status, _REASONS.get(response.status, b""))]
+        head += [b"%s: %s\r\n" % pair for pair in response.headers]
+        self.transport.write(b"".join([*head, b"connection: close\r\n\r\n"]))
+        try:
+            async for chunk in response.stream:
+                if self.transport.is_closing():
+                    break
+                self.transport.write(chunk)
+        finally:
+            self.transport.close()
 
     def _fail(self, message: str) -> None:
         if self.transport is not None and not self.transport.is_closing():

@@ -19,7 +19,14 @@ from redis.exceptions import RedisError
 
 from shared import keys
 from shared.errors import InvalidInput, Unavailable
-from shared.protocol import Request, Result, decode_results, encode_requests, encode_results
+from shared.protocol import (
+    Request,
+    Result,
+    decode_results,
+    encode_requests,
+    encode_results,
+    job_event,
+)
 
 _JOB_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 MAX_WAIT_S = 60.0
@@ -41,10 +48,6 @@ return 1
 """
 
 
-def job_stream(job_id: str) -> str:
-    return f"{keys.PREFIX}:{{job:{job_id}}}"
-
-
 def new_job_id(client_id: str | None) -> str:
     """The client's id is the idempotency key; without one, a fresh id."""
     if client_id is None:
@@ -62,7 +65,9 @@ class Job:
 
     @property
     def status(self) -> str:
-        return "queued" if self.result is None else "done"
+        if self.result is None:
+            return "queued"
+        return "done" if self.result.error is None else "failed"
 
 
 class JobStore:
@@ -81,12 +86,15 @@ class JobStore:
             )
             if created:
                 await self.redis.xadd(stream, encode_requests([request]))
+                await self.redis.publish(
+                    keys.job_channel(request.id), job_event(request.id, "queued")
+                )
         except RedisError as exc:
             raise Unavailable(f"queue unavailable: {exc}") from None
         return bool(created)
 
     async def get(self, job_id: str, wait_s: float = 0.0) -> Job | None:
-        stream = job_stream(job_id)
+        stream = keys.job_stream(job_id)
         try:
             entries = await self.redis.xrange(stream, count=2)
             if len(entries) == 1 and wait_s > 0:
@@ -107,7 +115,7 @@ class JobStore:
         )
         try:
             return int(
-                await self._cancel(keys=[job_stream(job_id)], args=[fields["h"], fields["d"]])
+                await self._cancel(keys=[keys.job_stream(job_id)], args=[fields["h"], fields["d"]])
             )
         except RedisError as exc:
             raise Unavailable(f"queue unavailable: {exc}") from None

@@ -48,6 +48,22 @@ def reply_stream(gateway_id: str) -> str:
     return f"{PREFIX}:{{gw:{gateway_id}}}:replies"
 
 
+def job_stream(job_id: str) -> str:
+    """An asynchronous job: its metadata entry, then its result entry (workers append it)."""
+    return f"{PREFIX}:{{job:{job_id}}}"
+
+
+def job_channel(job_id: str) -> str:
+    """Pub/sub channel announcing a job's status changes: queued, done, failed, cancelled."""
+    return f"{PREFIX}:job-events:{job_id}"
+
+
+def job_of_stream(key: str) -> str | None:
+    """The job id when `key` is a job stream (a reply route workers answer into)."""
+    head = f"{PREFIX}:{{job:"
+    return key[len(head) : -1] if key.startswith(head) and key.endswith("}") else None
+
+
 #: hash: model name -> model metadata published by the workers that load it.
 MODELS = f"{PREFIX}:{{sluice}}:models"
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
+import orjson
 
 from shared.datatypes import ELEMENT_SIZE, element_count
 
@@ -197,3 +198,8 @@ def decode_results(fields: dict[bytes, bytes]) -> list[Result]:
         outputs, offset = _cut_tensors(heads, blob, offset)
         results.append(Result(rid, outputs, (error[0], error[1]) if error else None))
     return results
+
+
+def job_event(job_id: str, status: str) -> bytes:
+    """What a job's pub/sub channel carries: JSON `{"id", "status"}`."""
+    return orjson.dumps({"id": job_id, "status": status})

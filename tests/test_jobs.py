@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import http.client
 import json
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+import redis
 import tritonclient.http as httpclient
 
+from shared import keys
 from tests.conftest import Service
 
 
@@ -99,3 +102,46 @@ def test_cancel_before_it_runs_and_not_after(service: Service) -> None:
     _call(service, "GET", f"/v2/jobs/{done['id']}?wait=30")
     assert _call(service, "DELETE", "/v2/jobs/job-cancel-2")[0] == 409
     assert _call(service, "DELETE", "/v2/jobs/nope")[0] == 404
+
+
+def _events(service: Service, job_id: str) -> list[tuple[str, dict]]:
+    host, port = service.http_url.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request("GET", f"/v2/jobs/{job_id}/events")
+    response = conn.getresponse()
+    assert response.getheader("content-type") == "text/event-stream"
+    text = response.read().decode()  # the server closes the stream after the result
+    conn.close()
+    events = []
+    for block in text.split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.splitlines() if not line.startswith(":"))
+        if lines:
+            events.append((lines["event"], json.loads(lines["data"])))
+    return events
+
+
+def test_events_reach_every_listener_and_the_pubsub_channel(service: Service) -> None:
+    channel = redis.Redis.from_url(service.redis_url).pubsub()
+    channel.subscribe(keys.job_channel("job-sse-1"))
+    channel.get_message(timeout=5)  # subscription confirmed
+    body = {
+        "id": "job-sse-1",
+        "inputs": [
+            {"name": "IN", "datatype": "FP32", "shape": [1, 4], "data": [1.0, 2.0, 3.0, 4.0]}
+        ],
+    }
+    assert _call(service, "POST", "/v2/models/batch8/jobs", body)[0] == 202
+    with ThreadPoolExecutor(3) as pool:
+        streams = list(pool.map(lambda _: _events(service, "job-sse-1"), range(3)))
+    for events in streams:
+        assert events[0][0] == "status"
+        assert events[-2] == ("status", {"id": "job-sse-1", "status": "done"})
+        kind, result = events[-1]
+        assert kind == "result" and result["outputs"][0]["data"] == [2.0, 4.0, 6.0, 8.0]
+    statuses = []
+    while len(statuses) < 2:
+        message = channel.get_message(ignore_subscribe_messages=True, timeout=10)
+        assert message is not None, statuses
+        statuses.append(json.loads(message["data"])["status"])
+    assert statuses == ["queued", "done"]
+    channel.close()

@@ -17,7 +17,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared import keys
-from shared.protocol import Result, encode_results
+from shared.protocol import Result, encode_results, job_event
 from shared.stats import FINISH_BATCH_LUA
 from workers.pending import Queued
 
@@ -108,6 +108,10 @@ class Publisher:
                         maxlen=REPLY_STREAM_MAXLEN,
                         approximate=True,
                     )
+                    job_id = keys.job_of_stream(route)
+                    if job_id is not None:  # an asynchronous job: announce it on its channel
+                        status = "done" if route_results[0].error is None else "failed"
+                        pipe.publish(keys.job_channel(job_id), job_event(job_id, status))
                 for script_keys, args in calls:
                     await self._finish(keys=script_keys, args=args, client=pipe)
                 try:
