@@ -1,0 +1,258 @@
+"""The sluice Python SDK: synchronous inference and asynchronous jobs over HTTP.
+
+    from sluice.client import Client, as_completed
+
+    client = Client("http://127.0.0.1:8000")
+    outputs = client.infer("mlp", {"INPUT__0": x})            # numpy or torch in, numpy out
+    job = client.submit("mlp", {"INPUT__0": x}, job_id="a1")  # returns at once
+    job.status()                                              # "queued" | "done" | "failed"
+    outputs = job.result(timeout=30)
+    for job in as_completed([client.submit(...) for ...]): ...
+
+`AsyncClient` offers the same with `await`. Errors are typed exceptions (`sluice.client.errors`)
+carrying the server's status code and message. Tensors travel in Triton's binary extension.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import orjson
+
+from . import errors
+from ._http import AsyncTransport, SyncTransport
+from ._wire import Tensorish, decode_response, encode_request
+from .errors import JobTimeout, SluiceClientError
+
+__all__ = [
+    "AsyncClient",
+    "AsyncJob",
+    "Client",
+    "Job",
+    "SluiceClientError",
+    "as_completed",
+    "errors",
+]
+
+#: the longest single long-poll the server allows; longer waits poll again.
+_POLL_S = 30.0
+Outputs = dict[str, np.ndarray]
+
+
+def _model_path(model: str, version: str | int | None, action: str) -> str:
+    versioned = f"/versions/{version}" if version is not None else ""
+    return f"/v2/models/{model}{versioned}/{action}"
+
+
+def _auth(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def _status(response: tuple[int, dict[str, str], bytes]) -> str:
+    status, headers, body = response
+    if status == 202:
+        return str(orjson.loads(body)["status"])
+    if status == 200:
+        return "done"
+    decode_response(status, headers, body)  # raises the typed error (404, ...)
+    return "failed"
+
+
+def _next_wait(deadline: float | None) -> float:
+    if deadline is None:
+        return _POLL_S
+    return max(0.0, min(_POLL_S, deadline - time.monotonic()))
+
+
+class Client:
+    """Blocking client for one sluice gateway (or any KServe v2 server for `infer`)."""
+
+    def __init__(
+        self,
+        url: str = "http://127.0.0.1:8000",
+        *,
+        timeout_s: float = 300.0,
+        auth_token: str | None = None,
+    ) -> None:
+        self._http = SyncTransport(url, timeout_s, _auth(auth_token))
+
+    def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, Tensorish],
+        *,
+        outputs: list[str] | None = None,
+        version: str | int | None = None,
+        parameters: Mapping[str, Any] | None = None,
+    ) -> Outputs:
+        body, headers = encode_request(inputs, outputs, None, parameters)
+        return decode_response(
+            *self._http.request("POST", _model_path(model, version, "infer"), body, headers)
+        )
+
+    def submit(
+        self,
+        model: str,
+        inputs: Mapping[str, Tensorish],
+        *,
+        job_id: str | None = None,
+        outputs: list[str] | None = None,
+        version: str | int | None = None,
+        parameters: Mapping[str, Any] | None = None,
+    ) -> Job:
+        """Queue a job and return at once; `job_id` makes resubmission idempotent."""
+        body, headers = encode_request(inputs, outputs, job_id, parameters)
+        status, response_headers, data = self._http.request(
+            "POST", _model_path(model, version, "jobs"), body, headers
+        )
+        if status != 202:
+            decode_response(status, response_headers, data)
+        return Job(self, str(orjson.loads(data)["id"]))
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Job:
+    """A submitted job; ask it for its status, result, or to cancel."""
+
+    def __init__(self, client: Client, job_id: str) -> None:
+        self.client = client
+        self.id = job_id
+
+    def status(self) -> str:
+        return _status(self.client._http.request("GET", f"/v2/jobs/{self.id}"))
+
+    def result(self, timeout: float | None = None) -> Outputs:
+        """Wait for the outputs (long-polling the gateway); raises the job's error if it failed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            wait = (
+                _POLL_S if deadline is None else max(0.0, min(_POLL_S, deadline - time.monotonic()))
+            )
+            status, headers, body = self.client._http.request(
+                "GET", f"/v2/jobs/{self.id}?wait={wait:.3f}", timeout_s=wait + 30
+            )
+            if status != 202:
+                return decode_response(status, headers, body)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise JobTimeout(f"job {self.id} not finished after {timeout} s")
+
+    def cancel(self) -> bool:
+        """True if cancelled; False if it had already finished."""
+        status, headers, body = self.client._http.request("DELETE", f"/v2/jobs/{self.id}")
+        if status == 409:
+            return False
+        if status >= 400:
+            decode_response(status, headers, body)
+        return True
+
+
+def as_completed(jobs: Iterable[Job], timeout: float | None = None) -> Iterator[Job]:
+    """Yield jobs as they finish (done or failed), like concurrent.futures.as_completed."""
+    remaining = list(jobs)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while remaining:
+        for job in list(remaining):
+            if job.status() != "queued":
+                remaining.remove(job)
+                yield job
+        if remaining:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise JobTimeout(f"{len(remaining)} jobs not finished after {timeout} s")
+            head = remaining[0]  # block on one job instead of spinning over all
+            head.client._http.request("GET", f"/v2/jobs/{head.id}?wait=1", timeout_s=31)
+
+
+class AsyncClient:
+    """The asyncio flavour of `Client`: the same methods, awaited."""
+
+    def __init__(
+        self,
+        url: str = "http://127.0.0.1:8000",
+        *,
+        timeout_s: float = 300.0,
+        auth_token: str | None = None,
+    ) -> None:
+        self._http = AsyncTransport(url, timeout_s, _auth(auth_token))
+
+    async def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, Tensorish],
+        *,
+        outputs: list[str] | None = None,
+        version: str | int | None = None,
+        parameters: Mapping[str, Any] | None = None,
+    ) -> Outputs:
+        body, headers = encode_request(inputs, outputs, None, parameters)
+        return decode_response(
+            *await self._http.request("POST", _model_path(model, version, "infer"), body, headers)
+        )
+
+    async def submit(
+        self,
+        model: str,
+        inputs: Mapping[str, Tensorish],
+        *,
+        job_id: str | None = None,
+        outputs: list[str] | None = None,
+        version: str | int | None = None,
+        parameters: Mapping[str, Any] | None = None,
+    ) -> AsyncJob:
+        body, headers = encode_request(inputs, outputs, job_id, parameters)
+        status, response_headers, data = await self._http.request(
+            "POST", _model_path(model, version, "jobs"), body, headers
+        )
+        if status != 202:
+            decode_response(status, response_headers, data)
+        return AsyncJob(self, str(orjson.loads(data)["id"]))
+
+    async def close(self) -> None:
+        await self._http.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class AsyncJob:
+    def __init__(self, client: AsyncClient, job_id: str) -> None:
+        self.client = client
+        self.id = job_id
+
+    async def status(self) -> str:
+        return _status(await self.client._http.request("GET", f"/v2/jobs/{self.id}"))
+
+    async def result(self, timeout: float | None = None) -> Outputs:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            wait = (
+                _POLL_S if deadline is None else max(0.0, min(_POLL_S, deadline - time.monotonic()))
+            )
+            status, headers, body = await self.client._http.request(
+                "GET", f"/v2/jobs/{self.id}?wait={wait:.3f}", timeout_s=wait + 30
+            )
+            if status != 202:
+                return decode_response(status, headers, body)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise JobTimeout(f"job {self.id} not finished after {timeout} s")
+
+    async def cancel(self) -> bool:
+        status, headers, body = await self.client._http.request("DELETE", f"/v2/jobs/{self.id}")
+        if status == 409:
+            return False
+        if status >= 400:
+            decode_response(status, headers, body)
+        return True

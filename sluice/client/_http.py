@@ -1,0 +1,138 @@
+"""The SDK's HTTP/1.1 transports: blocking (http.client) and asyncio, both keep-alive."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+from urllib.parse import urlsplit
+
+Response = tuple[int, dict[str, str], bytes]
+
+
+def split_url(url: str) -> tuple[str, int]:
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    return parts.hostname or "127.0.0.1", parts.port or 8000
+
+
+class SyncTransport:
+    def __init__(self, url: str, timeout_s: float, headers: dict[str, str]) -> None:
+        self.host, self.port = split_url(url)
+        self.timeout_s = timeout_s
+        self.headers = headers
+        self._conn: http.client.HTTPConnection | None = None
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> Response:
+        for attempt in (1, 2):  # a kept-alive connection the server closed is reopened once
+            if self._conn is None:
+                self._conn = http.client.HTTPConnection(self.host, self.port, self.timeout_s)
+            self._conn.timeout = timeout_s or self.timeout_s
+            try:
+                self._conn.request(
+                    method, path, body=body or None, headers={**self.headers, **(headers or {})}
+                )
+                response = self._conn.getresponse()
+                data = response.read()
+            except (ConnectionError, http.client.HTTPException):
+                self.close()
+                if attempt == 2:
+                    raise
+                continue
+            return response.status, {k.lower(): v for k, v in response.getheaders()}, data
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+class AsyncTransport:
+    """One connection per request in flight, kept for reuse: concurrent calls are fine."""
+
+    def __init__(self, url: str, timeout_s: float, headers: dict[str, str]) -> None:
+        self.host, self.port = split_url(url)
+        self.timeout_s = timeout_s
+        self.headers = headers
+        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> Response:
+        async with asyncio.timeout(timeout_s or self.timeout_s):
+            for attempt in (1, 2):
+                reused = bool(self._idle)
+                reader, writer = (
+                    self._idle.pop()
+                    if reused
+                    else await asyncio.open_connection(self.host, self.port)
+                )
+                try:
+                    response = await self._exchange(reader, writer, method, path, body, headers)
+                except (ConnectionError, asyncio.IncompleteReadError):
+                    writer.close()
+                    if reused and attempt == 1:
+                        continue  # the server closed an idle connection: open a fresh one
+                    raise
+                except BaseException:
+                    writer.close()
+                    raise
+                if response[1].get("connection", "").lower() == "close":
+                    writer.close()
+                else:
+                    self._idle.append((reader, writer))
+                return response
+        raise AssertionError("unreachable")
+
+    async def _exchange(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        method: str,
+        path: str,
+        body: bytes,
+        headers: dict[str, str] | None,
+    ) -> Response:
+        all_headers = {
+            **self.headers,
+            **(headers or {}),
+            "Host": f"{self.host}:{self.port}",
+            "Content-Length": str(len(body)),
+        }
+        head = (
+            f"{method} {path} HTTP/1.1\r\n"
+            + "".join(f"{k}: {v}\r\n" for k, v in all_headers.items())
+            + "\r\n"
+        )
+        writer.write(head.encode() + body)
+        await writer.drain()
+        status_line = await reader.readline()
+        if not status_line:
+            raise ConnectionError("server closed the connection")
+        status = int(status_line.split()[1])
+        response_headers: dict[str, str] = {}
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            response_headers[name.strip().lower()] = value.strip()
+        if "content-length" in response_headers:
+            data = await reader.readexactly(int(response_headers["content-length"]))
+        else:
+            data = await reader.read()
+            response_headers["connection"] = "close"
+        return status, response_headers, data
+
+    async def close(self) -> None:
+        for _, writer in self._idle:
+            writer.close()
+        self._idle.clear()

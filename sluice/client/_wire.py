@@ -1,0 +1,107 @@
+"""Request bodies and responses of the KServe v2 binary tensor extension, for the SDK."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import orjson
+
+from shared.datatypes import (
+    NUMPY_DTYPE,
+    deserialize_bytes_elements,
+    serialize_bytes_elements,
+    wire_from_numpy,
+)
+
+from .errors import error_for_status
+
+Tensorish = Any  # numpy arrays, torch tensors, nested lists
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+
+def to_numpy(value: Tensorish) -> np.ndarray:
+    """numpy arrays as they are, torch tensors without a copy when on the CPU."""
+    if hasattr(value, "detach") and hasattr(value, "cpu"):
+        value = value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+def encode_request(
+    inputs: Mapping[str, Tensorish],
+    outputs: list[str] | None,
+    request_id: str | None,
+    parameters: Mapping[str, Any] | None,
+) -> tuple[bytes, dict[str, str]]:
+    """A binary-extension body (JSON header, then raw tensors) and its headers."""
+    items, blobs = [], []
+    for name, value in inputs.items():
+        array = to_numpy(value)
+        datatype = wire_from_numpy(array.dtype)
+        if datatype == "BYTES":
+            data = serialize_bytes_elements(
+                [v if isinstance(v, bytes) else str(v).encode() for v in array.reshape(-1)]
+            )
+        else:
+            data = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+        items.append(
+            {
+                "name": name,
+                "shape": list(array.shape),
+                "datatype": datatype,
+                "parameters": {"binary_data_size": len(data)},
+            }
+        )
+        blobs.append(data)
+    header: dict[str, Any] = {"inputs": items, "parameters": {"binary_data_output": True}}
+    if parameters:
+        header["parameters"].update(parameters)
+    if outputs is not None:
+        header["outputs"] = [{"name": n, "parameters": {"binary_data": True}} for n in outputs]
+    if request_id is not None:
+        header["id"] = request_id
+    head = orjson.dumps(header)
+    return head + b"".join(blobs), {
+        HEADER_LENGTH: str(len(head)),
+        "Content-Type": "application/octet-stream",
+    }
+
+
+def decode_response(status: int, headers: Mapping[str, str], body: bytes) -> dict[str, np.ndarray]:
+    """Named output arrays, or the typed error the server answered with."""
+    if status >= 400:
+        raise error_for_status(status, _message(body))
+    length = headers.get(HEADER_LENGTH.lower())
+    end = int(length) if length is not None else len(body)
+    header = orjson.loads(body[:end])
+    offset, outputs = end, {}
+    for item in header["outputs"]:
+        shape, datatype = item["shape"], item["datatype"]
+        size = (item.get("parameters") or {}).get("binary_data_size")
+        if size is None:
+            outputs[item["name"]] = _from_json(item["data"], datatype, shape)
+            continue
+        raw = body[offset : offset + size]
+        offset += size
+        if datatype == "BYTES":
+            array = np.empty(len(deserialize_bytes_elements(raw)), dtype=object)
+            array[:] = deserialize_bytes_elements(raw)
+            outputs[item["name"]] = array.reshape(shape)
+        else:
+            outputs[item["name"]] = np.frombuffer(raw, NUMPY_DTYPE[datatype]).reshape(shape)
+    return outputs
+
+
+def _from_json(data: Any, datatype: str, shape: list[int]) -> np.ndarray:
+    if datatype == "BYTES":
+        return np.array([s.encode() for s in data], dtype=object).reshape(shape)
+    return np.asarray(data, dtype=NUMPY_DTYPE[datatype]).reshape(shape)
+
+
+def _message(body: bytes) -> str:
+    try:
+        return str(orjson.loads(body)["error"])
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return body.decode("utf-8", "replace")

@@ -1,0 +1,60 @@
+"""The Python SDK against a live `sluice serve`: infer, jobs, as_completed, asyncio, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from sluice.client import AsyncClient, Client, as_completed, errors
+from tests.conftest import Service
+
+
+def test_infer_with_numpy_and_torch(service: Service) -> None:
+    with Client(service.http_url) as client:
+        x = np.arange(6, dtype=np.float32).reshape(2, 3)
+        np.testing.assert_array_equal(client.infer("nobatch", {"IN": x})["OUT"], x.T)
+        outputs = client.infer(
+            "named_args", {"x": torch.ones(2, 3), "scale": torch.tensor([[2.0], [3.0]])}
+        )
+        np.testing.assert_array_equal(outputs["OUTPUT__0"], [[2, 2, 2], [3, 3, 3]])
+
+
+def test_errors_are_typed_and_carry_the_message(service: Service) -> None:
+    with Client(service.http_url) as client:
+        with pytest.raises(errors.InvalidRequest) as err:
+            client.infer("nobatch", {"IN": np.ones((5,), np.float32)})
+        assert err.value.status == 400 and "'IN'" in err.value.message
+        with pytest.raises(errors.InvalidRequest, match="unknown model"):
+            client.infer("nope", {"IN": np.ones((2, 3), np.float32)})
+
+
+def test_jobs_submit_result_status_cancel_and_as_completed(service: Service) -> None:
+    with Client(service.http_url) as client:
+        jobs = [client.submit("nobatch", {"IN": np.full((2, 3), v, np.float32)}) for v in range(4)]
+        finished = list(as_completed(jobs, timeout=60))
+        assert sorted(j.id for j in finished) == sorted(j.id for j in jobs)
+        for value, job in enumerate(jobs):
+            assert job.status() == "done"
+            np.testing.assert_array_equal(job.result(timeout=30)["OUT"], np.full((3, 2), value))
+        assert (
+            client.submit("nobatch", {"IN": np.ones((2, 3), np.float32)}, job_id=jobs[0].id).id
+            == jobs[0].id
+        )
+        assert jobs[0].cancel() is False
+        slow = client.submit("batch8", {"IN": np.ones((1, 4), np.float32)})
+        assert slow.cancel() is True
+        with pytest.raises(errors.InvalidRequest, match="cancelled"):
+            slow.result(timeout=30)
+
+
+async def test_async_client(service: Service) -> None:
+    async with AsyncClient(service.http_url) as client:
+        x = np.arange(6, dtype=np.float32).reshape(2, 3)
+        outputs = await client.infer("nobatch", {"IN": x})
+        np.testing.assert_array_equal(outputs["OUT"], x.T)
+        job = await client.submit("nobatch", {"IN": x})
+        np.testing.assert_array_equal((await job.result(timeout=30))["OUT"], x.T)
+        assert await job.status() == "done"
+        with pytest.raises(errors.InvalidRequest, match="job 'id'"):
+            await client.submit("nobatch", {"IN": x}, job_id="bad id with spaces")
