@@ -8,7 +8,6 @@ waiting for it is an XREAD that blocks on the stream, which any number of waiter
 
 from __future__ import annotations
 
-import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +18,7 @@ from redis.exceptions import RedisError
 
 from shared import keys
 from shared.errors import InvalidInput, Unavailable
+from shared.jobs import CANCEL_LUA, CREATE_LUA, JOB_ID
 from shared.protocol import (
     Request,
     Result,
@@ -28,31 +28,14 @@ from shared.protocol import (
     job_event,
 )
 
-_JOB_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 MAX_WAIT_S = 60.0
-
-#: create the job stream with its metadata entry unless it exists (idempotent submission).
-CREATE_LUA = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('XADD', KEYS[1], '*', 'm', ARGV[1])
-redis.call('EXPIRE', KEYS[1], ARGV[2])
-return 1
-"""
-
-#: answer a job with `cancelled` unless a result is already there.
-CANCEL_LUA = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
-if redis.call('XLEN', KEYS[1]) > 1 then return 0 end
-redis.call('XADD', KEYS[1], '*', 'h', ARGV[1], 'd', ARGV[2])
-return 1
-"""
 
 
 def new_job_id(client_id: str | None) -> str:
     """The client's id is the idempotency key; without one, a fresh id."""
     if client_id is None:
         return uuid.uuid4().hex
-    if not _JOB_ID.match(client_id):
+    if not JOB_ID.match(client_id):
         raise InvalidInput("job 'id' must be 1-128 characters of A-Z a-z 0-9 . _ : -")
     return client_id
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from sluice.client import AsyncClient, Client, as_completed, errors
+from sluice.client import AsyncClient, Client, Job, RedisClient, as_completed, errors
 from tests.conftest import Service
 
 
@@ -58,3 +58,19 @@ async def test_async_client(service: Service) -> None:
         assert await job.status() == "done"
         with pytest.raises(errors.InvalidRequest, match="job 'id'"):
             await client.submit("nobatch", {"IN": x}, job_id="bad id with spaces")
+
+
+def test_jobs_straight_to_redis_are_the_gateways_jobs(service: Service) -> None:
+    direct = RedisClient(service.redis_url)
+    x = np.full((2, 3), 7.0, np.float32)
+    job = direct.submit("nobatch", {"IN": x}, job_id="direct-1")
+    np.testing.assert_array_equal(job.result(timeout=30)["OUT"], x.T)
+    assert job.status() == "done"
+    with Client(service.http_url) as client:  # the same job, read through a gateway
+        np.testing.assert_array_equal(Job(client, "direct-1").result(timeout=30)["OUT"], x.T)
+    bad = direct.submit("nobatch", {"IN": np.ones((9,), np.float32)})
+    with pytest.raises(errors.InvalidRequest, match="'IN'"):
+        bad.result(timeout=30)
+    with pytest.raises(errors.InvalidRequest, match="unknown model"):
+        direct.submit("nope", {"IN": x})
+    direct.close()

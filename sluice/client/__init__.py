@@ -9,7 +9,8 @@
     outputs = job.result(timeout=30)
     for job in as_completed([client.submit(...) for ...]): ...
 
-`AsyncClient` offers the same with `await`. Errors are typed exceptions (`sluice.client.errors`)
+`AsyncClient` offers the same with `await`; `RedisClient` submits jobs straight to Redis.
+Errors are typed exceptions (`sluice.client.errors`)
 carrying the server's status code and message. Tensors travel in Triton's binary extension.
 """
 
@@ -25,6 +26,7 @@ import orjson
 from . import errors
 from ._http import AsyncTransport, SyncTransport
 from ._wire import Tensorish, decode_response, encode_request
+from .direct import RedisClient, RedisJob
 from .errors import JobTimeout, SluiceClientError
 
 __all__ = [
@@ -32,6 +34,8 @@ __all__ = [
     "AsyncJob",
     "Client",
     "Job",
+    "RedisClient",
+    "RedisJob",
     "SluiceClientError",
     "as_completed",
     "errors",

@@ -29,6 +29,28 @@ def to_numpy(value: Tensorish) -> np.ndarray:
     return np.asarray(value)
 
 
+def raw_tensor(value: Tensorish) -> tuple[str, tuple[int, ...], bytes]:
+    """(datatype, shape, little-endian row-major bytes) of a numpy/torch/list value."""
+    array = to_numpy(value)
+    datatype = wire_from_numpy(array.dtype)
+    if datatype == "BYTES":
+        data = serialize_bytes_elements(
+            [v if isinstance(v, bytes) else str(v).encode() for v in array.reshape(-1)]
+        )
+    else:
+        data = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+    return datatype, tuple(array.shape), data
+
+
+def array_of(datatype: str, shape: Any, raw: bytes | memoryview) -> np.ndarray:
+    if datatype == "BYTES":
+        items = deserialize_bytes_elements(raw)
+        array = np.empty(len(items), dtype=object)
+        array[:] = items
+        return array.reshape(shape)
+    return np.frombuffer(raw, NUMPY_DTYPE[datatype]).reshape(shape)
+
+
 def encode_request(
     inputs: Mapping[str, Tensorish],
     outputs: list[str] | None,
@@ -38,18 +60,11 @@ def encode_request(
     """A binary-extension body (JSON header, then raw tensors) and its headers."""
     items, blobs = [], []
     for name, value in inputs.items():
-        array = to_numpy(value)
-        datatype = wire_from_numpy(array.dtype)
-        if datatype == "BYTES":
-            data = serialize_bytes_elements(
-                [v if isinstance(v, bytes) else str(v).encode() for v in array.reshape(-1)]
-            )
-        else:
-            data = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+        datatype, shape, data = raw_tensor(value)
         items.append(
             {
                 "name": name,
-                "shape": list(array.shape),
+                "shape": list(shape),
                 "datatype": datatype,
                 "parameters": {"binary_data_size": len(data)},
             }
@@ -83,14 +98,8 @@ def decode_response(status: int, headers: Mapping[str, str], body: bytes) -> dic
         if size is None:
             outputs[item["name"]] = _from_json(item["data"], datatype, shape)
             continue
-        raw = body[offset : offset + size]
+        outputs[item["name"]] = array_of(datatype, shape, body[offset : offset + size])
         offset += size
-        if datatype == "BYTES":
-            array = np.empty(len(deserialize_bytes_elements(raw)), dtype=object)
-            array[:] = deserialize_bytes_elements(raw)
-            outputs[item["name"]] = array.reshape(shape)
-        else:
-            outputs[item["name"]] = np.frombuffer(raw, NUMPY_DTYPE[datatype]).reshape(shape)
     return outputs
 
 

@@ -1,0 +1,145 @@
+"""Jobs submitted straight to Redis: no gateway hop, same jobs the gateways serve.
+
+For services that share the Redis: the request goes onto the model's stream exactly as a
+gateway would put it, and the job can be read here or through any gateway's `/v2/jobs/{id}`.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import msgpack
+import numpy as np
+import redis
+
+from shared import keys
+from shared.errors import error_from_code
+from shared.jobs import CANCEL_LUA, CREATE_LUA, JOB_ID
+from shared.protocol import (
+    Request,
+    Result,
+    Tensor,
+    decode_results,
+    encode_requests,
+    encode_results,
+    job_event,
+)
+from shared.queue_policy import QueuePolicy
+from shared.registry import decode_model_record
+
+from ._wire import Tensorish, array_of, raw_tensor
+from .errors import InvalidRequest, JobNotFound, JobTimeout, error_for_status
+
+
+class RedisClient:
+    """Submit and collect jobs through Redis directly (`redis://`, `rediss://`, `unix://`)."""
+
+    def __init__(self, redis_url: str, *, job_ttl_s: int = 3600) -> None:
+        self.redis = redis.Redis.from_url(redis_url)
+        self.job_ttl_s = job_ttl_s
+        self._create = self.redis.register_script(CREATE_LUA)
+        self._cancel = self.redis.register_script(CANCEL_LUA)
+
+    def submit(
+        self,
+        model: str,
+        inputs: Mapping[str, Tensorish],
+        *,
+        job_id: str | None = None,
+        outputs: list[str] | None = None,
+        version: int | None = None,
+        parameters: Mapping[str, Any] | None = None,
+    ) -> RedisJob:
+        record = self.redis.hget(keys.MODELS, model)
+        if record is None:
+            raise InvalidRequest(400, f"Request for unknown model: '{model}' is not found")
+        info = decode_model_record(record)
+        if info["config"] is None:
+            raise InvalidRequest(400, f"model '{model}' is not ready: {info['error']}")
+        job_id = job_id or uuid.uuid4().hex
+        if not JOB_ID.match(job_id):
+            raise InvalidRequest(400, "job 'id' must be 1-128 characters of A-Z a-z 0-9 . _ : -")
+        params = dict(parameters or {})
+        level = QueuePolicy.from_config(info["config"]).level_of(params)
+        tensors = [Tensor(name, *raw_tensor(value)) for name, value in inputs.items()]
+        version = version or max(info["versions"])
+        stream = keys.job_stream(job_id)
+        request = Request(
+            job_id,
+            version,
+            time.time_ns(),
+            stream,
+            tensors,
+            tuple(outputs) if outputs else None,
+            params,
+        )
+        meta = {
+            "model": model,
+            "version": version,
+            "client_id": job_id,
+            "outputs": dict.fromkeys(outputs, True) if outputs else None,
+            "binary": True,
+        }
+        if self._create(keys=[stream], args=[msgpack.packb(meta), self.job_ttl_s]):
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.xadd(keys.request_stream(model, level), encode_requests([request]))
+            pipe.publish(keys.job_channel(job_id), job_event(job_id, "queued"))
+            pipe.execute()
+        return RedisJob(self, job_id, model)
+
+    def close(self) -> None:
+        self.redis.close()
+
+
+class RedisJob:
+    def __init__(self, client: RedisClient, job_id: str, model: str) -> None:
+        self.client = client
+        self.id = job_id
+        self.model = model
+
+    def _result(self, block_ms: int = 0) -> Result | None:
+        stream = keys.job_stream(self.id)
+        entries = self.client.redis.xrange(stream, count=2)
+        if not entries:
+            raise JobNotFound(404, f"job '{self.id}' is unknown or expired")
+        if len(entries) == 1 and block_ms:
+            self.client.redis.xread({stream: entries[0][0]}, block=block_ms)
+            entries = self.client.redis.xrange(stream, count=2)
+        return decode_results(entries[1][1])[0] if len(entries) > 1 else None
+
+    def status(self) -> str:
+        result = self._result()
+        if result is None:
+            return "queued"
+        return "done" if result.error is None else "failed"
+
+    def result(self, timeout: float | None = None) -> dict[str, np.ndarray]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = 30.0 if deadline is None else max(0.001, deadline - time.monotonic())
+            result = self._result(block_ms=int(min(left, 30.0) * 1000))
+            if result is not None:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                raise JobTimeout(f"job {self.id} not finished after {timeout} s")
+        if result.error is not None:
+            error = error_from_code(*result.error)
+            raise error_for_status(error.http_status, error.message)
+        return {t.name: array_of(t.datatype, t.shape, t.data) for t in result.outputs}
+
+    def cancel(self) -> bool:
+        fields = encode_results(
+            [Result(self.id, error=("CANCELLED", "job was cancelled before it ran"))]
+        )
+        outcome = int(
+            self.client._cancel(keys=[keys.job_stream(self.id)], args=[fields["h"], fields["d"]])
+        )
+        if outcome < 0:
+            raise JobNotFound(404, f"job '{self.id}' is unknown or expired")
+        if outcome == 1:
+            self.client.redis.publish(keys.cancel_channel(self.model), self.id)
+            self.client.redis.publish(keys.job_channel(self.id), job_event(self.id, "cancelled"))
+        return outcome == 1
