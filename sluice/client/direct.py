@@ -13,7 +13,6 @@ from typing import Any
 
 import msgpack
 import numpy as np
-import redis
 
 from shared import keys
 from shared.errors import error_from_code
@@ -28,17 +27,21 @@ from shared.protocol import (
     job_event,
 )
 from shared.queue_policy import QueuePolicy
+from shared.redis_client import sync_client
 from shared.registry import decode_model_record
 
 from ._wire import Tensorish, array_of, raw_tensor
 from .errors import InvalidRequest, JobNotFound, JobTimeout, error_for_status
+
+#: one blocking wait, kept below the client's socket timeout; longer waits repeat it.
+_BLOCK_S = 5.0
 
 
 class RedisClient:
     """Submit and collect jobs through Redis directly (`redis://`, `rediss://`, `unix://`)."""
 
     def __init__(self, redis_url: str, *, job_ttl_s: int = 3600) -> None:
-        self.redis = redis.Redis.from_url(redis_url)
+        self.redis = sync_client(redis_url)
         self.job_ttl_s = job_ttl_s
         self._create = self.redis.register_script(CREATE_LUA)
         self._cancel = self.redis.register_script(CANCEL_LUA)
@@ -119,8 +122,8 @@ class RedisJob:
     def result(self, timeout: float | None = None) -> dict[str, np.ndarray]:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            left = 30.0 if deadline is None else max(0.001, deadline - time.monotonic())
-            result = self._result(block_ms=int(min(left, 30.0) * 1000))
+            left = _BLOCK_S if deadline is None else max(0.001, deadline - time.monotonic())
+            result = self._result(block_ms=int(min(left, _BLOCK_S) * 1000))
             if result is not None:
                 break
             if deadline is not None and time.monotonic() >= deadline:
