@@ -25,6 +25,10 @@ log = logging.getLogger(__name__)
 
 #: pipelined requests a connection may queue before we stop reading from it.
 MAX_PIPELINED = 32
+#: a request must arrive whole within this time of its first byte (slow senders are cut off).
+REQUEST_TIMEOUT_S = 30.0
+#: an idle keep-alive connection is closed after this long.
+IDLE_TIMEOUT_S = 300.0
 
 
 @dataclass(slots=True)
@@ -87,6 +91,7 @@ class _Connection(asyncio.Protocol):
         self.queue: collections.deque[tuple[HttpRequest, bool]] = collections.deque()
         self.disconnected: asyncio.Future[None] = self.loop.create_future()
         self.worker: asyncio.Task[None] | None = None
+        self.timer: asyncio.TimerHandle | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -101,9 +106,12 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
         self.server.connections.add(self)
+        self._arm(IDLE_TIMEOUT_S, None)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
+        if self.timer is not None:
+            self.timer.cancel()
         if not self.disconnected.done():
             self.disconnected.set_result(None)
 
@@ -117,6 +125,7 @@ class _Connection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self._reset()
+        self._arm(REQUEST_TIMEOUT_S, "request not received in full within the time allowed")
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -136,7 +145,20 @@ class _Connection(asyncio.Protocol):
         elif self.refusal is None:
             self.body.append(body)
 
+    def _arm(self, delay_s: float, message: str | None) -> None:
+        """(Re)start the connection's timer: an incomplete request or an idle connection."""
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = self.loop.call_later(delay_s, self._expire, message)
+
+    def _expire(self, message: str | None) -> None:
+        if message is None:  # idle keep-alive connection
+            self.close_if_idle()
+        elif self.worker is None:
+            self._fail(message, status=408)
+
     def on_message_complete(self) -> None:
+        self._arm(IDLE_TIMEOUT_S, None)
         path, _, query = self.url.partition(b"?")
         request = HttpRequest(
             self.parser.get_method().decode("latin-1"),
@@ -182,6 +204,8 @@ class _Connection(asyncio.Protocol):
         finally:
             self.worker = None
             self.server.idle.set()
+            if self.transport is not None and not self.transport.is_closing():
+                self._arm(IDLE_TIMEOUT_S, None)
 
     async def _stream(self, response: HttpResponse) -> None:
         assert self.transport is not None and response.stream is not None
@@ -196,10 +220,10 @@ class _Connection(asyncio.Protocol):
         finally:
             self.transport.close()
 
-    def _fail(self, message: str) -> None:
+    def _fail(self, message: str, status: int = 400) -> None:
         if self.transport is not None and not self.transport.is_closing():
             body = orjson.dumps({"error": message})
-            response = HttpResponse(400, body, [(b"content-type", b"application/json")])
+            response = HttpResponse(status, body, [(b"content-type", b"application/json")])
             self.transport.write(encode_response(response, b"", keep_alive=False))
             self.transport.close()
 
