@@ -26,15 +26,11 @@ import argparse
 import asyncio
 import concurrent.futures
 import contextlib
-import ctypes
 import itertools
 import os
 import random
 import signal
-import socket
-import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -44,14 +40,14 @@ from typing import Any
 import aiohttp
 import numpy as np
 import orjson
-import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from soak_processes import Serve, memory_snapshot  # noqa: E402
+
 from sluice.embedded_redis import EmbeddedRedis  # noqa: E402
 
-READY_LINE = "sluice ready"
 HEADER_LENGTH = "Inference-Header-Content-Length"
 TOLERANCE = 1e-4
 
@@ -93,130 +89,6 @@ def reference_pool(path: Path, row_shape: tuple[int, ...], size: int, seed: int)
     with torch.no_grad():
         rows = [module(torch.from_numpy(inputs[i : i + 1])).numpy()[0] for i in range(size)]
     return Pool(inputs, np.stack(rows).astype(np.float32))
-
-
-# ---------------------------------------------------------------------------- processes
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Serve:
-    """`python -m sluice serve` as a subprocess, its output pumped into a list by a thread."""
-
-    def __init__(self, args: argparse.Namespace, redis_url: str) -> None:
-        self.http_port = args.http_port or free_port()
-        self.metrics_port = args.metrics_port or free_port()
-        argv = [
-            sys.executable,
-            "-m",
-            "sluice",
-            "serve",
-            "--model-repository",
-            str(args.model_repository),
-            "--redis-url",
-            redis_url,
-            "--workers",
-            str(args.workers),
-            "--http-port",
-            str(self.http_port),
-            "--metrics-port",
-            str(self.metrics_port),
-        ]
-        if args.server_request_timeout is not None:
-            argv += ["--request-timeout", str(args.server_request_timeout)]
-        self.log: list[str] = []
-        self.ready = threading.Event()
-        self.process = subprocess.Popen(
-            argv,
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,  # our Ctrl-C goes to us; we stop serve ourselves
-            preexec_fn=_die_with_parent,
-        )
-        self._pump = threading.Thread(target=self._read, daemon=True)
-        self._pump.start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.log.append(line.rstrip("\n"))
-            if READY_LINE in line:
-                self.ready.set()
-
-    def wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not self.ready.wait(0.2):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                tail = "\n".join(self.log[-40:])
-                raise SystemExit(f"sluice serve did not become ready:\n{tail}")
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
-
-    def worker_pids(self) -> list[int]:
-        """The `sluice worker` children of the serve process, from /proc."""
-        pids: list[int] = []
-        for children in Path(f"/proc/{self.process.pid}/task").glob("*/children"):
-            with contextlib.suppress(OSError):
-                pids.extend(int(p) for p in children.read_text().split())
-        return sorted(p for p in set(pids) if _is_worker(p))
-
-    def stop(self, timeout_s: float = 60.0) -> int | None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            code = self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-            code = None
-        self._pump.join(10)
-        if self.process.stdout is not None:
-            self.process.stdout.close()
-        return code
-
-
-def _die_with_parent() -> None:
-    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def _is_worker(pid: int) -> bool:
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return b"worker" in argv and any(b"sluice" in a for a in argv)
-
-
-def rss_mib(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
-
-
-def memory_snapshot(serve: Serve, redis_url: str) -> dict[str, Any]:
-    used: int | None = None
-    try:
-        client = redis.Redis.from_url(redis_url, socket_timeout=5)
-        try:
-            used = int(client.info("memory")["used_memory"])
-        finally:
-            client.close()
-    except redis.RedisError:
-        pass
-    workers = {pid: rss_mib(pid) for pid in serve.worker_pids()}
-    return {"redis_used": used, "gateway": rss_mib(serve.process.pid), "workers": workers}
 
 
 # ---------------------------------------------------------------------------- requests

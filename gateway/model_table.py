@@ -33,6 +33,8 @@ from shared.signature import Signature
 
 log = logging.getLogger(__name__)
 
+#: how often an unreachable Redis is tried again.
+RETRY_INTERVAL_S = 0.1
 #: how long the reply stream of a silent gateway lives on.
 REPLY_STREAM_TTL_S = 3600
 
@@ -166,7 +168,8 @@ class ModelTable:
                 if self._reachable:
                     log.warning("Redis unreachable: %s", exc)
                 self._reachable = False
-            await asyncio.sleep(HEARTBEAT_INTERVAL_S)
+            # while Redis is away, look again soon: requests get fast 503s until it is back
+            await asyncio.sleep(HEARTBEAT_INTERVAL_S if self._reachable else RETRY_INTERVAL_S)
 
     async def remove_self(self) -> None:
         try:
