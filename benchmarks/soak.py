@@ -45,50 +45,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from soak_processes import Serve, memory_snapshot  # noqa: E402
+from soak_reference import ModelIO, Pool, model_file, reference_pool  # noqa: E402
+from soak_report import summary  # noqa: E402
 
 from sluice.embedded_redis import EmbeddedRedis  # noqa: E402
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 TOLERANCE = 1e-4
-
-
-# ---------------------------------------------------------------------------- reference
-
-
-@dataclass(frozen=True)
-class ModelIO:
-    input_name: str
-    output_name: str
-    row_shape: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Pool:
-    inputs: np.ndarray  # (n, *row_shape) float32
-    outputs: np.ndarray  # (n, *out_shape) float32
-
-
-def model_file(repository: Path, model: str) -> Path:
-    versions = sorted(
-        (int(p.name), p) for p in (repository / model).iterdir() if p.is_dir() and p.name.isdigit()
-    )
-    for _, folder in reversed(versions):
-        if (folder / "model.pt").exists():
-            return folder / "model.pt"
-    raise SystemExit(f"no <N>/model.pt under {repository / model}: build the models first")
-
-
-def reference_pool(path: Path, row_shape: tuple[int, ...], size: int, seed: int) -> Pool:
-    """`size` distinct random inputs and their outputs, one row at a time, torch 1 thread."""
-    import torch
-
-    torch.set_num_threads(1)
-    module = torch.jit.load(str(path), map_location="cpu").eval()
-    rng = np.random.default_rng(seed)
-    inputs = rng.standard_normal((size, *row_shape)).astype(np.float32)
-    with torch.no_grad():
-        rows = [module(torch.from_numpy(inputs[i : i + 1])).numpy()[0] for i in range(size)]
-    return Pool(inputs, np.stack(rows).astype(np.float32))
 
 
 # ---------------------------------------------------------------------------- requests
@@ -407,95 +370,6 @@ async def run_load(
             await asyncio.gather(*side, return_exceptions=True)
         report["end"] = memory_snapshot(serve, server.url)
         return tally, chaos, elapsed
-
-
-def _mib(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f} MiB"
-
-
-def _memory_lines(label: str, snap: dict[str, Any] | None) -> list[str]:
-    if snap is None:
-        return [f"  {label}: not taken"]
-    used = snap["redis_used"]
-    workers = ", ".join(f"{pid}: {_mib(rss)}" for pid, rss in snap["workers"].items()) or "none"
-    return [
-        f"  {label}: Redis used_memory {_mib(used / 2**20 if used is not None else None)}; "
-        f"gateway (serve) RSS {_mib(snap['gateway'])}; workers RSS {workers}"
-    ]
-
-
-def _lost_timeline(tally: Tally, chaos: Chaos, limit: int = 12) -> list[str]:
-    """When each lost request was sent, and the chaos event just before it."""
-    if not tally.lost_log:
-        return []
-    lines = [f"lost requests (first {limit}), seconds after the start of the chaos phase:"]
-    for sent, request_id, _why in sorted(tally.lost_log)[:limit]:
-        before = [(t, what) for t, what in chaos.events if t <= sent]
-        last = f"{before[-1][1]} at {before[-1][0]:.2f} s" if before else "no chaos yet"
-        lines.append(f"  {request_id} sent at {sent:.2f} s; last event before: {last}")
-    return lines
-
-
-def summary(
-    args: argparse.Namespace,
-    tally: Tally,
-    chaos: Chaos,
-    elapsed: float,
-    report: dict[str, Any],
-    serve: Serve,
-) -> list[str]:
-    lost, wrong = sum(tally.lost.values()), sum(tally.wrong.values())
-    lat = sorted(tally.latencies)
-
-    def pct(q: float) -> str:
-        return f"{lat[min(len(lat) - 1, int(q * len(lat)))] * 1000:.1f} ms" if lat else "-"
-
-    restarts_seen = sum("restarting" in line for line in serve.log)
-    warm = min(args.warmup, args.requests)
-    answered = tally.done - warm - lost
-    busy = max(tally.last_answer - tally.t0, 1e-9)
-    rows = [
-        ("sent", tally.sent),
-        ("ok", tally.ok),
-        ("clear errors", sum(tally.clear.values())),
-        ("lost", lost),
-        ("duplicated/wrong", wrong),
-        ("workers killed", chaos.kills),
-        ("worker restarts logged by serve", restarts_seen),
-        ("Redis restarts", chaos.redis_restarts),
-        ("elapsed (after warm-up)", f"{elapsed:.1f} s"),
-        ("throughput (answers/s)", f"{(tally.done - warm) / elapsed:.1f}"),
-        ("  not counting waits for lost", f"{answered / busy:.1f} (last answer at {busy:.1f} s)"),
-        ("latency p50 / p99 / max", f"{pct(0.5)} / {pct(0.99)} / {pct(1.0)}"),
-    ]
-    width = max(len(name) for name, _ in rows)
-    lines = ["", "=" * 72, "sluice soak summary", "=" * 72]
-    lines += [f"  {name:<{width}}  {value}" for name, value in rows]
-    for title, counts in (("clear errors", tally.clear), ("lost", tally.lost)):
-        for key, n in counts.most_common():
-            where = f"HTTP {key[0]} {key[1]!r}" if isinstance(key, tuple) else key
-            lines.append(f"  {title}: {n:>6} x {where}")
-    for kind, n in tally.wrong.most_common():
-        lines.append(f"  duplicated/wrong: {n:>6} x {kind}")
-    lines += _lost_timeline(tally, chaos)
-    lines.append("memory:")
-    lines += _memory_lines("after warm-up", report.get("warm"))
-    lines += _memory_lines("at the end   ", report.get("end"))
-    if chaos.redis_restarts:
-        lines.append(f"  Redis restart took {chaos.redis_restart_s:.2f} s")
-    lines += _log_digest(serve.log)
-    lines.append("=" * 72)
-    return lines
-
-
-def _log_digest(log: list[str], limit: int = 8) -> list[str]:
-    """How many warnings and errors serve logged, and the distinct error messages."""
-    warnings = sum(" WARNING " in line for line in log)
-    errors = [line for line in log if " ERROR " in line or line.startswith("ERROR:")]
-    lines = [f"serve log: {len(log)} lines, {warnings} warnings, {len(errors)} errors"]
-    distinct = Counter(line.split("]: ", 1)[-1][:110] for line in errors)
-    lines += [f"  {n:>5} x {message}" for message, n in distinct.most_common(limit)]
-    return lines
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

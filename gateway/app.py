@@ -178,8 +178,9 @@ class GatewayApp:
         try:
             parsed = parse_infer(body, _header_length(http.headers), sig)
             validate_inputs(sig, parsed.inputs)
+            known = sig.output_names()
             for output in parsed.outputs or ():
-                if output not in sig.output_names():
+                if output not in known:
                     raise InvalidInput(
                         f"unexpected inference output '{output}' for model '{view.name}'"
                     )

@@ -65,6 +65,16 @@ def _status(response: tuple[int, dict[str, str], bytes]) -> str:
     return "failed"
 
 
+def _cancelled(response: tuple[int, dict[str, str], bytes]) -> bool:
+    """True if the gateway cancelled the job; False if it had already finished (409)."""
+    status, headers, body = response
+    if status == 409:
+        return False
+    if status >= 400:
+        decode_response(status, headers, body)  # raises the typed error (404, ...)
+    return True
+
+
 def _next_wait(deadline: float | None) -> float:
     if deadline is None:
         return _POLL_S
@@ -140,9 +150,7 @@ class Job:
         """Wait for the outputs (long-polling the gateway); raises the job's error if it failed."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            wait = (
-                _POLL_S if deadline is None else max(0.0, min(_POLL_S, deadline - time.monotonic()))
-            )
+            wait = _next_wait(deadline)
             status, headers, body = self.client._http.request(
                 "GET", f"/v2/jobs/{self.id}?wait={wait:.3f}", timeout_s=wait + 30
             )
@@ -153,12 +161,7 @@ class Job:
 
     def cancel(self) -> bool:
         """True if cancelled; False if it had already finished."""
-        status, headers, body = self.client._http.request("DELETE", f"/v2/jobs/{self.id}")
-        if status == 409:
-            return False
-        if status >= 400:
-            decode_response(status, headers, body)
-        return True
+        return _cancelled(self.client._http.request("DELETE", f"/v2/jobs/{self.id}"))
 
 
 def as_completed(jobs: Iterable[Job], timeout: float | None = None) -> Iterator[Job]:
@@ -242,9 +245,7 @@ class AsyncJob:
     async def result(self, timeout: float | None = None) -> Outputs:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            wait = (
-                _POLL_S if deadline is None else max(0.0, min(_POLL_S, deadline - time.monotonic()))
-            )
+            wait = _next_wait(deadline)
             status, headers, body = await self.client._http.request(
                 "GET", f"/v2/jobs/{self.id}?wait={wait:.3f}", timeout_s=wait + 30
             )
@@ -254,9 +255,4 @@ class AsyncJob:
                 raise JobTimeout(f"job {self.id} not finished after {timeout} s")
 
     async def cancel(self) -> bool:
-        status, headers, body = await self.client._http.request("DELETE", f"/v2/jobs/{self.id}")
-        if status == 409:
-            return False
-        if status >= 400:
-            decode_response(status, headers, body)
-        return True
+        return _cancelled(await self.client._http.request("DELETE", f"/v2/jobs/{self.id}"))
