@@ -18,15 +18,9 @@ from urllib.parse import parse_qsl
 import orjson
 
 from gateway import metadata
+from gateway.bulk_api import BulkApi
 from gateway.dispatcher import Dispatcher, Route
 from gateway.http_server import HttpRequest, HttpResponse
-from gateway.infer_codec import (
-    HEADER_LENGTH,
-    ParsedInfer,
-    decompress,
-    encode_response,
-    parse_infer,
-)
 from gateway.jobs import MAX_WAIT_S, Job, JobStore, new_job_id
 from gateway.model_table import ModelTable, ModelView
 from shared import keys
@@ -38,6 +32,13 @@ from shared.errors import (
     Unauthorized,
     Unavailable,
     error_from_code,
+)
+from shared.infer_codec import (
+    HEADER_LENGTH,
+    ParsedInfer,
+    decompress,
+    encode_response,
+    parse_infer,
 )
 from shared.protocol import Request, Result, job_event
 from shared.queue_policy import DEADLINE, PRIORITY, TIMEOUT, deadline_us
@@ -72,12 +73,18 @@ class GatewayApp:
     """The request handler; `dispatcher` and `table` are created by the server before serving."""
 
     def __init__(
-        self, dispatcher: Dispatcher, table: ModelTable, limits: GatewayLimits, jobs: JobStore
+        self,
+        dispatcher: Dispatcher,
+        table: ModelTable,
+        limits: GatewayLimits,
+        jobs: JobStore,
+        bulk: BulkApi,
     ) -> None:
         self.dispatcher = dispatcher
         self.table = table
         self.limits = limits
         self.jobs = jobs
+        self.bulk = bulk
 
     async def __call__(self, request: HttpRequest) -> HttpResponse:
         try:
@@ -116,6 +123,8 @@ class GatewayApp:
             return await self._job_route(method, rest[1], request.query)
         if rest[0] == "jobs" and len(rest) == 3 and rest[2] == "events" and method == "GET":
             return await self._job_events(rest[1])
+        if rest[0] == "bulk" and len(rest) >= 2:
+            return await self.bulk.route(method, rest[1:])
         if rest[0] == "models" and len(rest) >= 2:
             if rest[1:] == ["stats"]:
                 return json_response(
@@ -138,6 +147,12 @@ class GatewayApp:
             return await self._infer(view, version, request)
         if action == "jobs" and request.method == "POST":
             return await self._submit_job(view, version, request)
+        if action == "bulk" and request.method == "POST":
+            content_type = request.headers.get(b"content-type", b"").decode("latin-1")
+            resolved = view.resolve_version(version) if version else None
+            return await self.bulk.submit(
+                view.name, resolved, content_type, request.query, request.body
+            )
         if action == "ready":
             ready = (int(version) in view.ready_versions) if version else view.ready
             if ready:

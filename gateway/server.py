@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from redis.exceptions import RedisError
 
 from gateway.app import GatewayApp, GatewayLimits
+from gateway.bulk_api import BulkApi
 from gateway.dispatcher import Dispatcher
 from gateway.http_server import HttpServer
 from gateway.jobs import JobStore
@@ -50,7 +51,8 @@ async def serve_gateway(
     table = ModelTable(redis, gateway_id, dispatcher.inflight_snapshot)
     waiter = async_client(config.redis_url, socket_timeout_s=None)
     jobs = JobStore(redis, waiter, config.limits.job_ttl_s)
-    app = GatewayApp(dispatcher, table, config.limits, jobs)
+    bulk = BulkApi(config.redis_url)
+    app = GatewayApp(dispatcher, table, config.limits, jobs, bulk)
     http = HttpServer(app, config.limits.max_body_bytes)
     metrics = HttpServer(MetricsApp(redis, table))
     stop = stop or asyncio.Event()
@@ -75,6 +77,7 @@ async def serve_gateway(
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
         await dispatcher.close()
+        bulk.close()
         await table.remove_self()
         await redis.aclose()
         await reader.aclose()

@@ -72,3 +72,18 @@ FLEET = f"{PREFIX}:{{sluice}}:fleet"
 
 #: hash: fleet-wide counters kept by gateways (requests that failed before reaching a worker).
 GATEWAY_STATS = f"{PREFIX}:{{sluice}}:gateway-stats"
+
+
+#: rq queue the bulk jobs wait on (rq keeps its own keys; see shared/bulk.py).
+BULK_QUEUE = "sluice-bulk"
+
+
+def bulk_key(bulk_id: str, part: str) -> str:
+    """A bulk job's keys (spec, input, replies, results, failed, output, lease, cancel)."""
+    return f"{PREFIX}:{{bulk:{bulk_id}}}:{part}"
+
+
+def bulk_fed(model: str, bulk_id: str) -> str:
+    """How many items of a bulk job are on the model's stream; in the model's slot so that it
+    moves in one transaction with the XADD that feeds them."""
+    return f"{_model_tag(model)}:bulk-fed:{bulk_id}"

@@ -11,6 +11,7 @@ import click
 
 from gateway.app import GatewayLimits
 from gateway.server import GatewayConfig
+from sluice.jobs_cli import jobs
 
 F = Callable[..., Any]
 
@@ -120,6 +121,9 @@ def main() -> None:
     """sluice: Triton-compatible dynamic batching over Redis streams."""
 
 
+main.add_command(jobs)
+
+
 @main.command()
 @repository
 @redis_url
@@ -132,6 +136,13 @@ def main() -> None:
     default=1,
     type=click.IntRange(min=1),
     help="Worker processes to run (each serves every model).",
+)
+@_option(
+    "--bulk-workers",
+    env="BULK_WORKERS",
+    default=1,
+    type=click.IntRange(min=0),
+    help="rq workers running bulk jobs (sluice jobs submit, POST .../bulk).",
 )
 @timeout
 @max_body
@@ -147,6 +158,7 @@ def serve(
     http_port: int,
     metrics_port: int,
     workers: int,
+    bulk_workers: int,
     request_timeout: float,
     max_body_bytes: int,
     auth_token: str | None,
@@ -177,6 +189,7 @@ def serve(
             workers,
             embedded_redis=redis_url is None,
             worker_args=worker_args,
+            bulk_workers=bulk_workers,
         )
     )
 
@@ -238,6 +251,14 @@ def gateway(
 )
 @claim_idle
 @max_deliveries
+@_option(
+    "--health-port",
+    env="HEALTH_PORT",
+    default=None,
+    type=int,
+    help="Serve GET /v2/health/live and /v2/health/ready (for orchestrator probes) here.",
+)
+@_option("--host", env="HOST", default="127.0.0.1", help="Address the health port binds to.")
 @log_level
 def worker(
     model_repository: Path,
@@ -245,6 +266,8 @@ def worker(
     models: str | None,
     claim_idle_ms: int,
     max_deliveries: int,
+    health_port: int | None,
+    host: str,
     log_level: str,
 ) -> None:
     """Run one worker process serving the repository's models."""
@@ -254,7 +277,16 @@ def worker(
     _logging(log_level)
     wanted = tuple(m.strip() for m in models.split(",") if m.strip()) if models else None
     recovery = RecoveryPolicy(claim_idle_ms, max_deliveries)
-    run_worker(WorkerConfig(model_repository, redis_url, wanted, recovery=recovery))
+    run_worker(
+        WorkerConfig(
+            model_repository,
+            redis_url,
+            wanted,
+            recovery=recovery,
+            health_port=health_port,
+            health_host=host,
+        )
+    )
 
 
 @main.command()

@@ -1,4 +1,4 @@
-"""`sluice serve`: Redis (embedded unless given), N worker processes and a gateway, as one unit.
+"""`sluice serve`: Redis (embedded unless given), N workers, bulk-job rq workers and a gateway.
 
 Workers run as child processes that die with this one; a worker that exits unexpectedly is
 started again. SIGINT/SIGTERM stop the gateway (in-flight requests answered), then the
@@ -23,6 +23,7 @@ from sluice.embedded_redis import EmbeddedRedis, die_with_parent
 
 log = logging.getLogger("sluice.serve")
 
+SLUICE = (sys.executable, "-m", "sluice")
 RESTART_DELAY_S = 1.0
 WORKER_STOP_TIMEOUT_S = 30.0
 
@@ -35,26 +36,32 @@ class ServeConfig:
     embedded_redis: bool = False
     #: extra `sluice worker` options (recovery settings) passed to every worker.
     worker_args: tuple[str, ...] = ()
+    #: rq workers running bulk jobs (`sluice jobs worker`).
+    bulk_workers: int = 1
+
+
+def worker_argv(repository: Path, redis_url: str, extra: tuple[str, ...] = ()) -> list[str]:
+    return [
+        *SLUICE,
+        "worker",
+        "--model-repository",
+        str(repository),
+        "--redis-url",
+        redis_url,
+        *extra,
+    ]
+
+
+def bulk_worker_argv(redis_url: str) -> list[str]:
+    return [*SLUICE, "jobs", "worker", "--redis-url", redis_url]
 
 
 class WorkerPool:
-    """Keeps `count` worker processes alive until stopped."""
+    """Keeps `count` processes of one command alive until stopped."""
 
-    def __init__(
-        self, count: int, repository: Path, redis_url: str, extra: tuple[str, ...] = ()
-    ) -> None:
+    def __init__(self, count: int, argv: list[str]) -> None:
         self.count = count
-        self.argv = [
-            sys.executable,
-            "-m",
-            "sluice",
-            "worker",
-            "--model-repository",
-            str(repository),
-            "--redis-url",
-            redis_url,
-            *extra,
-        ]
+        self.argv = argv
         self.processes: dict[int, asyncio.subprocess.Process] = {}
         self.stopping = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -69,7 +76,9 @@ class WorkerPool:
             code = await process.wait()
             if self.stopping:
                 return
-            log.warning("worker %d (pid %d) exited with %s; restarting", slot, process.pid, code)
+            log.warning(
+                "%s %d (pid %d) exited with %s; restarting", self.argv[3], slot, process.pid, code
+            )
             await asyncio.sleep(RESTART_DELAY_S)
 
     async def stop(self) -> None:
@@ -89,10 +98,15 @@ class WorkerPool:
 
 
 async def _serve(config: ServeConfig) -> None:
-    pool = WorkerPool(
-        config.workers, config.model_repository, config.gateway.redis_url, config.worker_args
-    )
-    pool.start()
+    redis_url = config.gateway.redis_url
+    pools = [
+        WorkerPool(
+            config.workers, worker_argv(config.model_repository, redis_url, config.worker_args)
+        ),
+        WorkerPool(config.bulk_workers, bulk_worker_argv(redis_url)),
+    ]
+    for pool in pools:
+        pool.start()
     host, port = config.gateway.host, config.gateway.http_port
 
     def announce() -> None:
@@ -103,7 +117,7 @@ async def _serve(config: ServeConfig) -> None:
     try:
         await serve_gateway(config.gateway, on_ready=announce)
     finally:
-        await pool.stop()
+        await asyncio.gather(*(pool.stop() for pool in pools))
 
 
 def run_serve(config: ServeConfig) -> None:

@@ -1,4 +1,4 @@
-"""KServe v2 infer bodies (gateway/infer_codec.py): JSON, binary extension, responses, errors."""
+"""KServe v2 infer bodies (shared/infer_codec.py): JSON, binary extension, responses, errors."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.http import _utils as triton_utils
 
-from gateway.infer_codec import ParsedInfer, decompress, encode_response, parse_infer
 from shared.datatypes import (
     ELEMENT_SIZE,
     NUMPY_DTYPE,
@@ -21,6 +20,7 @@ from shared.datatypes import (
     wire_to_config,
 )
 from shared.errors import InvalidInput
+from shared.infer_codec import ParsedInfer, decompress, encode_response, parse_infer
 from shared.protocol import Tensor
 from shared.signature import Signature
 

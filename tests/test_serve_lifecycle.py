@@ -42,7 +42,8 @@ def test_serve_starts_redis_and_workers_and_leaves_nothing(
     children = _descendants(service.process.pid)
     commands = {pid: Path(f"/proc/{pid}/cmdline").read_bytes() for pid in children}
     assert sum(b"redis-server" in c for c in commands.values()) == 1
-    assert sum(b"worker" in c for c in commands.values()) == 2
+    assert sum(b"sluice\0worker\0" in c for c in commands.values()) == 2
+    assert sum(b"\0jobs\0worker\0" in c for c in commands.values()) == 1  # bulk jobs (rq)
     client = httpclient.InferenceServerClient(service.http_url)
     x = np.ones((1, 4), np.float32)
     inp = httpclient.InferInput("IN", [1, 4], "FP32")

@@ -131,17 +131,26 @@ class ModelQueue:
             failure_increments(item.request.version, "CANCELED", 1),
         )
 
-    async def run(self) -> None:
+    async def _join_groups(self) -> bool:
+        """Create the consumer groups, retrying while Redis is away; False if stopped first."""
         for attempt in itertools.count():
+            if self.stopping:
+                return False
             try:
                 await self.ensure_groups()
-                break
+                return True
             except (RedisConnectionError, RedisTimeoutError) as exc:
                 delay = RETRY_DELAYS_S[min(attempt, len(RETRY_DELAYS_S) - 1)]
                 log.warning(
                     "%s: Redis unreachable (%s); retry in %.2fs", self.spec.name, exc, delay
                 )
                 await asyncio.sleep(delay)
+        return False
+
+    async def run(self) -> None:
+        if not await self._join_groups():
+            self._pool.shutdown(wait=True)
+            return
         helpers = [
             asyncio.create_task(self._read_loop(), name=f"read:{self.spec.name}"),
             asyncio.create_task(self._recovery_loop(), name=f"recover:{self.spec.name}"),

@@ -27,6 +27,7 @@ from shared.registry import (
     now_ms,
 )
 from shared.repository import ModelEntry, scan_repository
+from workers.health import serve_health
 from workers.model_queue import ModelQueue
 from workers.models import Infer, choose_device, load_instance
 from workers.recovery import RecoveryPolicy
@@ -46,6 +47,9 @@ class WorkerConfig:
     worker_id: str = ""
     block_ms: int = 1000
     recovery: RecoveryPolicy = field(default_factory=RecoveryPolicy)
+    #: serve GET /v2/health/live and /ready here (None: no probe port).
+    health_port: int | None = None
+    health_host: str = "127.0.0.1"
 
     def member_id(self) -> str:
         suffix = uuid.uuid4().hex[:6]
@@ -92,6 +96,8 @@ class Worker:
         self.redis = async_client(config.redis_url)
         self.queues: list[ModelQueue] = []
         self.statuses: dict[str, ModelStatus] = {}
+        #: whether the last heartbeat reached Redis (readiness).
+        self.redis_ok = False
 
     def _load(self) -> list[Loaded]:
         entries = scan_repository(self.config.model_repository)
@@ -149,7 +155,9 @@ class Worker:
                 self._announce(pipe)
                 try:
                     await pipe.execute()
+                    self.redis_ok = True
                 except RedisError as exc:  # Redis down: keep serving, report when it is back
+                    self.redis_ok = False
                     log.warning("heartbeat failed: %s", exc)
                 await asyncio.sleep(HEARTBEAT_INTERVAL_S)
 
@@ -182,7 +190,15 @@ class Worker:
         for queue in self.queues:
             queue.stop()
 
+    def ready(self) -> bool:
+        return bool(self.queues) and self.redis_ok
+
     async def run(self) -> None:
+        health = None
+        if self.config.health_port is not None:
+            health = await serve_health(
+                self.config.health_host, self.config.health_port, self.ready
+            )
         loaded = await asyncio.to_thread(self._load)
         for entry, instances, device in loaded:
             assert entry.spec is not None
@@ -217,6 +233,8 @@ class Worker:
             for task in helpers:
                 task.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
+            if health is not None:
+                health.close()
             try:
                 await self.redis.hdel(keys.FLEET, self.id)
             except RedisError as exc:  # best effort: the entry also expires on its own
