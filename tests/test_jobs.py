@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -12,6 +14,7 @@ import redis
 import tritonclient.http as httpclient
 
 from shared import keys
+from sluice.client import Client, Job
 from tests.conftest import Service
 
 
@@ -145,3 +148,24 @@ def test_events_reach_every_listener_and_the_pubsub_channel(service: Service) ->
         statuses.append(json.loads(message["data"])["status"])
     assert statuses == ["queued", "done"]
     channel.close()
+
+
+def test_a_job_outlives_the_client_that_submitted_it(service: Service) -> None:
+    """The submitting process is SIGKILLed right after the 202; anyone fetches the result later."""
+    script = (
+        "import sys, time, numpy as np\n"
+        "from sluice.client import Client\n"
+        f"job = Client('http://{service.http_url}').submit('batch8', "
+        "{'IN': np.full((1, 4), 3, np.float32)})\n"
+        "print(job.id, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    client = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert client.stdout is not None
+    job_id = client.stdout.readline().strip()
+    client.kill()
+    client.wait(10)
+    client.stdout.close()
+    with Client(f"http://{service.http_url}") as later:
+        outputs = Job(later, job_id).result(timeout=30)
+    np.testing.assert_array_equal(outputs["OUT"], np.full((1, 4), 6, np.float32))
