@@ -18,7 +18,9 @@ from redis.exceptions import RedisError
 
 from shared import keys
 from shared.errors import Cancelled, Unavailable
+from shared.lua import Lua
 from shared.protocol import ProtocolError, Request, Result, decode_results, encode_requests
+from shared.redis_client import server_info
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +79,7 @@ class Dispatcher:
         self._prefix = gateway_id
         self._ids = itertools.count()
         self._outbox: dict[Route, list[Request]] = defaultdict(list)
-        self._enqueue = redis.register_script(ENQUEUE_LUA)
+        self._enqueue = Lua(ENQUEUE_LUA)
         self._flush_scheduled = False
         self._sending: set[asyncio.Task[None]] = set()
         #: "model:version" -> requests sent and not yet answered.
@@ -175,9 +177,7 @@ class Dispatcher:
                     for request in requests:
                         entry = encode_requests([request])
                         args += [entry["h"], entry["d"]]
-                    await self._enqueue(
-                        keys=[stream, keys.queue_sizes(route.model)], args=args, client=pipe
-                    )
+                    self._enqueue.queue(pipe, [stream, keys.queue_sizes(route.model)], args)
                     bounded.append(requests)
                     continue
                 for start in range(0, len(requests), route.max_per_entry):
@@ -234,8 +234,8 @@ class Dispatcher:
     async def _server_identity(self) -> tuple[str, bool] | None:
         """(run id, whether it persists writes): tells a restart that lost the queue."""
         try:
-            info = await self.reader.info("server")
-            persistence = await self.reader.info("persistence")
+            info = await server_info(self.reader, self.reply_stream, "server")
+            persistence = await server_info(self.reader, self.reply_stream, "persistence")
         except RedisError:
             return None
         return str(info.get("run_id")), bool(int(persistence.get("aof_enabled", 0)))

@@ -23,9 +23,10 @@ from rq.serializers import JSONSerializer
 
 from shared import keys
 from shared.bulk_files import check_output_shapes, read_items
-from shared.errors import InvalidInput, JobNotFound, ModelNotFound, ModelNotReady
+from shared.errors import InvalidInput, JobNotFound, ModelNotFound, ModelNotReady, Unavailable
 from shared.jobs import JOB_ID
 from shared.queue_policy import QueuePolicy
+from shared.redis_client import is_cluster
 from shared.registry import decode_model_record
 from shared.signature import Signature
 
@@ -75,6 +76,11 @@ class BulkStatus:
 
 
 def bulk_queue(connection: redis.Redis) -> Queue:
+    if is_cluster(connection):
+        raise Unavailable(
+            "bulk jobs run on rq, which needs a Redis that is not a cluster: use a plain "
+            "Redis URL (no ?cluster=true) for them"
+        )
     return Queue(keys.BULK_QUEUE, connection=connection, serializer=JSONSerializer)
 
 
@@ -102,6 +108,7 @@ def submit_bulk(
 ) -> BulkStatus:
     """Validate the file, store it and enqueue its rq job; an existing `bulk_id` is returned as
     it is (idempotent submission)."""
+    queue = bulk_queue(connection)
     bulk_id = bulk_id or uuid.uuid4().hex
     if not JOB_ID.match(bulk_id):
         raise InvalidInput("bulk job 'id' must be 1-128 characters of A-Z a-z 0-9 . _ : -")
@@ -134,7 +141,7 @@ def submit_bulk(
     pipe.hset(keys.bulk_key(bulk_id, "spec"), mapping=spec)
     pipe.expire(keys.bulk_key(bulk_id, "spec"), ttl_s)
     pipe.execute()
-    bulk_queue(connection).enqueue(
+    queue.enqueue(
         RUN_BULK,
         bulk_id,
         job_id=bulk_id,

@@ -19,6 +19,7 @@ from pathlib import Path
 import uvloop
 
 from gateway.server import GatewayConfig, serve_gateway
+from shared.redis_client import split_cluster_flag
 from sluice.embedded_redis import EmbeddedRedis, die_with_parent
 
 log = logging.getLogger("sluice.serve")
@@ -103,8 +104,11 @@ async def _serve(config: ServeConfig) -> None:
         WorkerPool(
             config.workers, worker_argv(config.model_repository, redis_url, config.worker_args)
         ),
-        WorkerPool(config.bulk_workers, bulk_worker_argv(redis_url)),
     ]
+    if split_cluster_flag(redis_url)[1]:
+        log.warning("bulk jobs are off: rq needs a Redis that is not a cluster")
+    else:
+        pools.append(WorkerPool(config.bulk_workers, bulk_worker_argv(redis_url)))
     for pool in pools:
         pool.start()
     host, port = config.gateway.host, config.gateway.http_port

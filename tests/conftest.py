@@ -13,32 +13,45 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import redis
 
+from shared.redis_client import sync_client
 from sluice.embedded_redis import EmbeddedRedis
+from tests.redis_cluster import EmbeddedCluster
 
 HERE = Path(__file__).parent
 READY_LINE = "sluice ready"
 START_TIMEOUT_S = 120
 
 
+#: SLUICE_TEST_CLUSTER=1 runs the tests against a 3-master Redis Cluster (tests/run.sh does,
+#: for the end-to-end modules) instead of a single server.
+ON_CLUSTER = os.environ.get("SLUICE_TEST_CLUSTER") == "1"
+needs_single_redis = pytest.mark.skipif(
+    ON_CLUSTER, reason="needs a single Redis server, not a cluster"
+)
+
+
+def _redis() -> EmbeddedRedis | EmbeddedCluster:
+    return EmbeddedCluster() if ON_CLUSTER else EmbeddedRedis()
+
+
 @pytest.fixture(scope="session")
-def redis_server() -> Iterator[EmbeddedRedis]:
-    with EmbeddedRedis() as server:
+def redis_server() -> Iterator[EmbeddedRedis | EmbeddedCluster]:
+    with _redis() as server:
         yield server
 
 
 @pytest.fixture(scope="session")
-def scratch_redis() -> Iterator[EmbeddedRedis]:
+def scratch_redis() -> Iterator[EmbeddedRedis | EmbeddedCluster]:
     """A second server for tests that flush it, apart from the shared service's."""
-    with EmbeddedRedis() as server:
+    with _redis() as server:
         yield server
 
 
 @pytest.fixture
-def redis_url(scratch_redis: EmbeddedRedis) -> Iterator[str]:
+def redis_url(scratch_redis: EmbeddedRedis | EmbeddedCluster) -> Iterator[str]:
     """A flushed database of its own for one test."""
-    client = redis.Redis.from_url(scratch_redis.url)
+    client = sync_client(scratch_redis.url)
     client.flushall()
     client.close()
     yield scratch_redis.url

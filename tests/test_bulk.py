@@ -30,9 +30,12 @@ from shared.bulk_files import (
 )
 from shared.errors import InvalidInput
 from shared.protocol import Result, Tensor
+from shared.redis_client import sync_client
 from shared.registry import encode_model_record
 from shared.signature import Signature
-from tests.conftest import Service, start_sluice, stop_service
+from tests.conftest import Service, needs_single_redis, start_sluice, stop_service
+
+pytestmark = needs_single_redis  # rq, which bulk jobs run on, does not work on a cluster
 
 AFFINE = {
     "name": "affine",
@@ -176,7 +179,7 @@ def _finished(service: Service, bulk_id: str) -> dict:
 
 
 def test_bulk_over_http_upload_then_download_in_input_order(service: Service) -> None:
-    client = redis.Redis.from_url(service.redis_url)
+    client = sync_client(service.redis_url)
     x = np.random.default_rng(3).standard_normal((300, 4)).astype(np.float32)
     x[123] = 13  # this item fails; its neighbours in the same batch do not
     before = _inference_count(client, "affine")
@@ -307,7 +310,7 @@ def _announce_affine(client: redis.Redis) -> None:
 
 
 def test_a_queued_bulk_job_can_be_cancelled(redis_url: str) -> None:
-    client = redis.Redis.from_url(redis_url)
+    client = sync_client(redis_url)
     _announce_affine(client)
     status = submit_bulk(
         client, "affine", _npz(X=np.zeros((5, 4), np.float32)), "npz", bulk_id="to-cancel"
@@ -319,7 +322,7 @@ def test_a_queued_bulk_job_can_be_cancelled(redis_url: str) -> None:
 
 def test_a_bulk_job_resumes_after_its_rq_worker_is_killed(redis_url: str, model_repo: Path) -> None:
     """10k items; the rq worker dies halfway; another takes over; each item ran exactly once."""
-    client = redis.Redis.from_url(redis_url)
+    client = sync_client(redis_url)
     model_worker = start_sluice(
         "worker",
         ["--model-repository", str(model_repo), "--redis-url", redis_url, "--models", "affine"],

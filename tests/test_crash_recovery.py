@@ -10,12 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import redis
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from shared import keys
 from shared.protocol import encode_requests
+from shared.redis_client import sync_client
 from tests.conftest import start_service, stop_service
 from tests.streams import (
     collect_results,
@@ -30,7 +30,7 @@ RECOVERY = ("--claim-idle-ms", "600", "--max-deliveries", "2")
 
 def test_batch_of_a_killed_worker_is_served_by_another(tmp_path: Path, redis_url: str) -> None:
     repo = write_gated_repo(tmp_path, 4)
-    client = redis.Redis.from_url(redis_url)
+    client = sync_client(redis_url)
     reply_to = keys.reply_stream("test")
     # two requests per entry, as a gateway coalesces them: the entry must be split on takeover
     for i in range(0, 8, 2):
@@ -115,7 +115,7 @@ def test_poison_request_is_dead_lettered_and_the_rest_served(
                 assert "dead-letter" in err.value.message()
             else:
                 assert request.get_result().as_numpy("OUT")[0, 0] == value + 1
-        dead = redis.Redis.from_url(redis_url).xrange(keys.dead_letters("fragile"))
+        dead = sync_client(redis_url).xrange(keys.dead_letters("fragile"))
         assert len(dead) == 1
         assert int(dead[0][1][b"deliveries"]) == 3
         assert _infer(client, 41).get_result().as_numpy("OUT")[0, 0] == 42

@@ -10,10 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
-import redis
 import tritonclient.http as httpclient
 
 from shared import keys
+from shared.redis_client import sync_client
 from sluice.client import Client, Job
 from tests.conftest import Service
 
@@ -124,7 +124,7 @@ def _events(service: Service, job_id: str) -> list[tuple[str, dict]]:
 
 
 def test_events_reach_every_listener_and_the_pubsub_channel(service: Service) -> None:
-    channel = redis.Redis.from_url(service.redis_url).pubsub()
+    channel = sync_client(service.redis_url).pubsub()
     channel.subscribe(keys.job_channel("job-sse-1"))
     channel.get_message(timeout=5)  # subscription confirmed
     body = {

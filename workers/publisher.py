@@ -14,9 +14,11 @@ from collections.abc import Sequence
 
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared import keys
+from shared.lua import Lua
 from shared.protocol import Result, encode_results, job_event
 from shared.stats import FINISH_BATCH_LUA
 from workers.pending import Queued
@@ -40,7 +42,7 @@ class Publisher:
         self.counted_levels = counted_levels
         #: (stream, entry id) -> requests of that entry not yet answered.
         self.unanswered: dict[EntryKey, int] = {}
-        self._finish = redis.register_script(FINISH_BATCH_LUA)
+        self._finish = Lua(FINISH_BATCH_LUA)
 
     def hold(self, stream: str, entry_id: bytes, requests: int) -> None:
         self.unanswered[(stream, entry_id)] = requests
@@ -93,6 +95,20 @@ class Publisher:
             calls.append(([stream, self.stats_key, self.sizes_key], args))
         await self._send(by_route, calls, len(results))
 
+    async def _announce_jobs(self, by_route: dict[str, list[Result]]) -> None:
+        """Asynchronous jobs among the routes: announce each on its channel (after the result
+        is stored, so a listener that hears it can read it). Not pipelined: cluster clients
+        refuse PUBLISH in a pipeline, and jobs are the rare route."""
+        for route, route_results in by_route.items():
+            job_id = keys.job_of_stream(route)
+            if job_id is None:
+                continue
+            status = "done" if route_results[0].error is None else "failed"
+            try:
+                await self.redis.publish(keys.job_channel(job_id), job_event(job_id, status))
+            except RedisError as exc:  # the result is stored; only the notification is lost
+                log.warning("job %s: could not announce it: %s", job_id, exc)
+
     async def _send(
         self,
         by_route: dict[str, list[Result]],
@@ -108,15 +124,10 @@ class Publisher:
                         maxlen=REPLY_STREAM_MAXLEN,
                         approximate=True,
                     )
-                    job_id = keys.job_of_stream(route)
-                    if job_id is not None:  # an asynchronous job: announce it on its channel
-                        status = "done" if route_results[0].error is None else "failed"
-                        pipe.publish(keys.job_channel(job_id), job_event(job_id, status))
                 for script_keys, args in calls:
-                    await self._finish(keys=script_keys, args=args, client=pipe)
+                    self._finish.queue(pipe, script_keys, args)
                 try:
                     await pipe.execute()
-                    return
                 except (RedisConnectionError, RedisTimeoutError) as exc:
                     if delay is None:
                         # the entries stay pending: a live worker takes them over and answers them
@@ -124,3 +135,6 @@ class Publisher:
                         return
                     log.warning("%s: publish failed (attempt %d): %s", self.model, attempt + 1, exc)
                     await asyncio.sleep(delay)
+                    continue
+            await self._announce_jobs(by_route)
+            return

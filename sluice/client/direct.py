@@ -87,10 +87,8 @@ class RedisClient:
             "binary": True,
         }
         if self._create(keys=[stream], args=[msgpack.packb(meta), self.job_ttl_s]):
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.xadd(keys.request_stream(model, level), encode_requests([request]))
-            pipe.publish(keys.job_channel(job_id), job_event(job_id, "queued"))
-            pipe.execute()
+            self.redis.xadd(keys.request_stream(model, level), encode_requests([request]))
+            self.redis.publish(keys.job_channel(job_id), job_event(job_id, "queued"))
         return RedisJob(self, job_id, model)
 
     def close(self) -> None:
