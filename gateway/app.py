@@ -33,6 +33,7 @@ from shared.errors import (
     Unavailable,
     error_from_code,
 )
+from shared.fleet import fleet_status
 from shared.infer_codec import (
     HEADER_LENGTH,
     ParsedInfer,
@@ -117,6 +118,8 @@ class GatewayApp:
         if rest[0] == "health" and len(rest) == 2 and rest[1] in ("live", "ready"):
             ok = True if rest[1] == "live" else self.table.ready
             return HttpResponse(200 if ok else 400)
+        if rest == ["fleet"] and method == "GET":
+            return json_response(await fleet_status(self.dispatcher.redis))
         if rest == ["repository", "index"] and method == "POST":
             return json_response(metadata.repository_index(self.table.models))
         if rest[0] == "jobs" and len(rest) == 2 and method in ("GET", "DELETE"):

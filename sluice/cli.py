@@ -12,6 +12,7 @@ import click
 from gateway.app import GatewayLimits
 from gateway.server import GatewayConfig
 from sluice.jobs_cli import jobs
+from sluice.status_cli import status
 
 F = Callable[..., Any]
 
@@ -122,6 +123,7 @@ def main() -> None:
 
 
 main.add_command(jobs)
+main.add_command(status)
 
 
 @main.command()

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import socket
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,6 +90,21 @@ def load_model(entry: ModelEntry) -> tuple[dict[int, list[Infer]], torch.device]
     return instances, device
 
 
+@dataclass(slots=True)
+class BatchRate:
+    """Batches per second between two heartbeats, for `sluice status`."""
+
+    batches: int = 0
+    at: float | None = None
+
+    def update(self, batches: int, now: float) -> float:
+        rate = 0.0
+        if self.at is not None and now > self.at:
+            rate = round((batches - self.batches) / (now - self.at), 2)
+        self.batches, self.at = batches, now
+        return rate
+
+
 class Worker:
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
@@ -98,6 +114,7 @@ class Worker:
         self.statuses: dict[str, ModelStatus] = {}
         #: whether the last heartbeat reached Redis (readiness).
         self.redis_ok = False
+        self._rate = BatchRate()
 
     def _load(self) -> list[Loaded]:
         entries = scan_repository(self.config.model_repository)
@@ -136,6 +153,7 @@ class Worker:
         pipe.hset(keys.FLEET, self.id, self._member().encode())
 
     def _member(self) -> Member:
+        batches = sum(q.batches_done for q in self.queues)
         return Member(
             self.id,
             "worker",
@@ -144,8 +162,13 @@ class Worker:
             now_ms(),
             self.statuses,
             {
-                "batches": sum(q.batches_done for q in self.queues),
+                "batches": batches,
+                "batches_per_s": self._rate.update(batches, time.monotonic()),
                 "devices": sorted({str(q.device) for q in self.queues}),
+                "instances": {
+                    q.spec.name: sum(len(lanes) for lanes in q.instances.values())
+                    for q in self.queues
+                },
             },
         )
 
