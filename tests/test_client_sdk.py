@@ -74,3 +74,17 @@ def test_jobs_straight_to_redis_are_the_gateways_jobs(service: Service) -> None:
     with pytest.raises(errors.InvalidRequest, match="unknown model"):
         direct.submit("nope", {"IN": x})
     direct.close()
+
+
+def test_outputs_come_back_as_torch_tensors_when_asked(service: Service) -> None:
+    x = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    with Client(service.http_url, tensors="torch") as client:
+        out = client.infer("nobatch", {"IN": x})["OUT"]
+        assert isinstance(out, torch.Tensor) and torch.equal(out, x.T)
+        job = client.submit("nobatch", {"IN": x})
+        assert torch.equal(job.result(timeout=30)["OUT"], x.T)
+    direct = RedisClient(service.redis_url, tensors="torch")
+    try:
+        assert torch.equal(direct.submit("nobatch", {"IN": x}).result(timeout=30)["OUT"], x.T)
+    finally:
+        direct.close()

@@ -4,6 +4,7 @@
 
     client = Client("http://127.0.0.1:8000")
     outputs = client.infer("mlp", {"INPUT__0": x})            # numpy or torch in, numpy out
+    Client(url, tensors="torch")                              # ... or torch tensors out
     job = client.submit("mlp", {"INPUT__0": x}, job_id="a1")  # returns at once
     job.status()                                              # "queued" | "done" | "failed"
     outputs = job.result(timeout=30)
@@ -20,12 +21,11 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-import numpy as np
 import orjson
 
 from . import errors
 from ._http import AsyncTransport, SyncTransport
-from ._wire import Tensorish, decode_response, encode_request
+from ._wire import Tensorish, TensorKind, as_kind, decode_response, encode_request
 from .direct import RedisClient, RedisJob
 from .errors import JobTimeout, SluiceClientError
 
@@ -43,7 +43,7 @@ __all__ = [
 
 #: the longest single long-poll the server allows; longer waits poll again.
 _POLL_S = 30.0
-Outputs = dict[str, np.ndarray]
+Outputs = dict[str, Any]  # numpy arrays, or torch tensors with tensors="torch"
 
 
 def _model_path(model: str, version: str | int | None, action: str) -> str:
@@ -90,8 +90,10 @@ class Client:
         *,
         timeout_s: float = 300.0,
         auth_token: str | None = None,
+        tensors: TensorKind = "numpy",
     ) -> None:
         self._http = SyncTransport(url, timeout_s, _auth(auth_token))
+        self._tensors = tensors
 
     def infer(
         self,
@@ -103,8 +105,11 @@ class Client:
         parameters: Mapping[str, Any] | None = None,
     ) -> Outputs:
         body, headers = encode_request(inputs, outputs, None, parameters)
-        return decode_response(
-            *self._http.request("POST", _model_path(model, version, "infer"), body, headers)
+        return as_kind(
+            decode_response(
+                *self._http.request("POST", _model_path(model, version, "infer"), body, headers)
+            ),
+            self._tensors,
         )
 
     def submit(
@@ -155,7 +160,7 @@ class Job:
                 "GET", f"/v2/jobs/{self.id}?wait={wait:.3f}", timeout_s=wait + 30
             )
             if status != 202:
-                return decode_response(status, headers, body)
+                return as_kind(decode_response(status, headers, body), self.client._tensors)
             if deadline is not None and time.monotonic() >= deadline:
                 raise JobTimeout(f"job {self.id} not finished after {timeout} s")
 
@@ -189,8 +194,10 @@ class AsyncClient:
         *,
         timeout_s: float = 300.0,
         auth_token: str | None = None,
+        tensors: TensorKind = "numpy",
     ) -> None:
         self._http = AsyncTransport(url, timeout_s, _auth(auth_token))
+        self._tensors = tensors
 
     async def infer(
         self,
@@ -202,9 +209,10 @@ class AsyncClient:
         parameters: Mapping[str, Any] | None = None,
     ) -> Outputs:
         body, headers = encode_request(inputs, outputs, None, parameters)
-        return decode_response(
-            *await self._http.request("POST", _model_path(model, version, "infer"), body, headers)
+        response = await self._http.request(
+            "POST", _model_path(model, version, "infer"), body, headers
         )
+        return as_kind(decode_response(*response), self._tensors)
 
     async def submit(
         self,
@@ -250,7 +258,7 @@ class AsyncJob:
                 "GET", f"/v2/jobs/{self.id}?wait={wait:.3f}", timeout_s=wait + 30
             )
             if status != 202:
-                return decode_response(status, headers, body)
+                return as_kind(decode_response(status, headers, body), self.client._tensors)
             if deadline is not None and time.monotonic() >= deadline:
                 raise JobTimeout(f"job {self.id} not finished after {timeout} s")
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import orjson
@@ -18,6 +18,8 @@ from shared.datatypes import (
 from .errors import error_for_status
 
 Tensorish = Any  # numpy arrays, torch tensors, nested lists
+#: what outputs come back as: numpy arrays, or torch tensors (BYTES outputs stay numpy).
+TensorKind = Literal["numpy", "torch"]
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -49,6 +51,15 @@ def array_of(datatype: str, shape: Any, raw: bytes | memoryview) -> np.ndarray:
         array[:] = items
         return array.reshape(shape)
     return np.frombuffer(raw, NUMPY_DTYPE[datatype]).reshape(shape)
+
+
+def as_kind(outputs: dict[str, np.ndarray], kind: TensorKind) -> dict[str, Any]:
+    if kind == "numpy":
+        return outputs
+    import torch
+
+    # a copy: the arrays are read-only views of the response, which torch cannot share
+    return {n: v if v.dtype == object else torch.from_numpy(v.copy()) for n, v in outputs.items()}
 
 
 def encode_request(

@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import msgpack
-import numpy as np
 
 from shared import keys
 from shared.errors import error_from_code
@@ -30,7 +29,7 @@ from shared.queue_policy import QueuePolicy
 from shared.redis_client import sync_client
 from shared.registry import decode_model_record
 
-from ._wire import Tensorish, array_of, raw_tensor
+from ._wire import Tensorish, TensorKind, array_of, as_kind, raw_tensor
 from .errors import InvalidRequest, JobNotFound, JobTimeout, error_for_status
 
 #: one blocking wait, kept below the client's socket timeout; longer waits repeat it.
@@ -40,8 +39,11 @@ _BLOCK_S = 5.0
 class RedisClient:
     """Submit and collect jobs through Redis directly (`redis://`, `rediss://`, `unix://`)."""
 
-    def __init__(self, redis_url: str, *, job_ttl_s: int = 3600) -> None:
+    def __init__(
+        self, redis_url: str, *, job_ttl_s: int = 3600, tensors: TensorKind = "numpy"
+    ) -> None:
         self.redis = sync_client(redis_url)
+        self.tensors = tensors
         self.job_ttl_s = job_ttl_s
         self._create = self.redis.register_script(CREATE_LUA)
         self._cancel = self.redis.register_script(CANCEL_LUA)
@@ -117,7 +119,7 @@ class RedisJob:
             return "queued"
         return "done" if result.error is None else "failed"
 
-    def result(self, timeout: float | None = None) -> dict[str, np.ndarray]:
+    def result(self, timeout: float | None = None) -> dict[str, Any]:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = _BLOCK_S if deadline is None else max(0.001, deadline - time.monotonic())
@@ -129,7 +131,8 @@ class RedisJob:
         if result.error is not None:
             error = error_from_code(*result.error)
             raise error_for_status(error.http_status, error.message)
-        return {t.name: array_of(t.datatype, t.shape, t.data) for t in result.outputs}
+        outputs = {t.name: array_of(t.datatype, t.shape, t.data) for t in result.outputs}
+        return as_kind(outputs, self.client.tensors)
 
     def cancel(self) -> bool:
         fields = encode_results(
