@@ -22,7 +22,7 @@ from gateway.http_server import HttpResponse
 from shared import bulk
 from shared.bulk_files import FORMATS
 from shared.errors import InvalidInput, JobNotFound, Unavailable
-from shared.redis_client import sync_client
+from shared.redis_client import REDIS_ERRORS, sync_client
 
 T = TypeVar("T")
 JSON = (b"content-type", b"application/json")
@@ -41,7 +41,7 @@ NPZ, NDJSON = b"application/x-npz", b"application/x-ndjson"
 async def _in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     try:
         return await asyncio.to_thread(fn, *args, **kwargs)
-    except redis.RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise Unavailable(f"bulk jobs unavailable: {exc}") from None
 
 

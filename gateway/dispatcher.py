@@ -14,13 +14,12 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
 from shared import keys
 from shared.errors import Cancelled, Unavailable
 from shared.lua import Lua
 from shared.protocol import ProtocolError, Request, Result, decode_results, encode_requests
-from shared.redis_client import server_info
+from shared.redis_client import REDIS_ERRORS, server_info
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +163,7 @@ class Dispatcher:
                 try:
                     stream = keys.request_stream(route.model, route.level)
                     await self.redis.xadd(stream, encode_requests(requests))
-                except RedisError as exc:
+                except REDIS_ERRORS as exc:
                     self._fail(requests, f"queue unavailable: {exc}")
                 return
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -186,7 +185,7 @@ class Dispatcher:
                     )
             try:
                 replies = await pipe.execute()
-            except RedisError as exc:
+            except REDIS_ERRORS as exc:
                 self._fail([r for rs in outbox.values() for r in rs], f"queue unavailable: {exc}")
                 return
         admitted = iter(reply for reply in replies if isinstance(reply, list))
@@ -216,7 +215,7 @@ class Dispatcher:
                 reply = await self.reader.xread(
                     {self.reply_stream: last_id}, block=REPLY_READ_BLOCK_MS, count=256
                 )
-            except RedisError as exc:
+            except REDIS_ERRORS as exc:
                 if backoff == 0.05:
                     log.warning("reply stream read failed (%s); reconnecting", exc)
                 await asyncio.sleep(backoff)
@@ -236,7 +235,7 @@ class Dispatcher:
         try:
             info = await server_info(self.reader, self.reply_stream, "server")
             persistence = await server_info(self.reader, self.reply_stream, "persistence")
-        except RedisError:
+        except REDIS_ERRORS:
             return None
         return str(info.get("run_id")), bool(int(persistence.get("aof_enabled", 0)))
 

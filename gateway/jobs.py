@@ -14,7 +14,6 @@ from typing import Any
 
 import msgpack
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
 from shared import keys
 from shared.errors import InvalidInput, Unavailable
@@ -27,6 +26,7 @@ from shared.protocol import (
     encode_results,
     job_event,
 )
+from shared.redis_client import REDIS_ERRORS
 
 MAX_WAIT_S = 60.0
 
@@ -72,7 +72,7 @@ class JobStore:
                 await self.redis.publish(
                     keys.job_channel(request.id), job_event(request.id, "queued")
                 )
-        except RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise Unavailable(f"queue unavailable: {exc}") from None
         return bool(created)
 
@@ -83,7 +83,7 @@ class JobStore:
             if len(entries) == 1 and wait_s > 0:
                 await self.waiter.xread({stream: entries[0][0]}, block=int(wait_s * 1000))
                 entries = await self.redis.xrange(stream, count=2)
-        except RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise Unavailable(f"queue unavailable: {exc}") from None
         if not entries or b"m" not in entries[0][1]:
             return None
@@ -100,5 +100,5 @@ class JobStore:
             return int(
                 await self._cancel(keys=[keys.job_stream(job_id)], args=[fields["h"], fields["d"]])
             )
-        except RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise Unavailable(f"queue unavailable: {exc}") from None

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
 from shared import keys
 from shared.errors import ModelNotFound, ModelNotReady
 from shared.queue_policy import QueuePolicy
+from shared.redis_client import REDIS_ERRORS
 from shared.registry import (
     HEARTBEAT_INTERVAL_S,
     Member,
@@ -164,7 +164,7 @@ class ModelTable:
         while True:
             try:
                 await self.refresh()
-            except RedisError as exc:
+            except REDIS_ERRORS as exc:
                 if self._reachable:
                     log.warning("Redis unreachable: %s", exc)
                 self._reachable = False
@@ -174,5 +174,5 @@ class ModelTable:
     async def remove_self(self) -> None:
         try:
             await self.redis.hdel(keys.FLEET, self.gateway_id)
-        except RedisError as exc:
+        except REDIS_ERRORS as exc:
             log.warning("could not remove fleet entry: %s", exc)

@@ -12,8 +12,6 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from redis.exceptions import RedisError
-
 from gateway.app import GatewayApp, GatewayLimits
 from gateway.bulk_api import BulkApi
 from gateway.dispatcher import Dispatcher
@@ -21,7 +19,7 @@ from gateway.http_server import HttpServer
 from gateway.jobs import JobStore
 from gateway.metrics import MetricsApp
 from gateway.model_table import ModelTable
-from shared.redis_client import async_client
+from shared.redis_client import REDIS_ERRORS, async_client
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +85,6 @@ async def serve_gateway(
 async def _announce_ready(table: ModelTable, on_ready: Callable[[], None]) -> None:
     while not table.ready:
         table.refreshed.clear()
-        with contextlib.suppress(TimeoutError, RedisError):
+        with contextlib.suppress(TimeoutError, *REDIS_ERRORS):
             await asyncio.wait_for(table.refreshed.wait(), timeout=1.0)
     on_ready()

@@ -14,10 +14,18 @@ import redis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 #: socket timeouts keep a dead Redis from hanging a request; blocking reads pass their own.
 CONNECT_TIMEOUT_S = 2.0
 CLUSTER_PARAM = "cluster"
+
+#: what Redis calls raise when Redis is away: a cluster client raises RedisClusterException,
+#: which is not a RedisError, once no node answers.
+REDIS_ERRORS = (RedisError, RedisClusterException)
+CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, RedisClusterException)
 
 #: either kind of asyncio client; both take the same commands for single-slot work.
 AsyncClient = aioredis.Redis | AsyncRedisCluster

@@ -23,7 +23,7 @@ from shared.bulk import (
 )
 from shared.bulk_files import format_of
 from shared.errors import SluiceError
-from shared.redis_client import sync_client
+from shared.redis_client import REDIS_ERRORS, sync_client
 
 POLL_S = 0.5
 BAR_WIDTH = 30
@@ -39,7 +39,10 @@ redis_option = click.option(
 
 
 def _connect(url: str) -> redis.Redis:
-    return sync_client(url)
+    try:
+        return sync_client(url)
+    except (ValueError, *REDIS_ERRORS) as exc:
+        raise click.ClickException(f"Redis at {url!r}: {exc}") from None
 
 
 def progress_line(status: BulkStatus) -> str:
@@ -63,7 +66,7 @@ def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
         return fn(*args, **kwargs)
     except SluiceError as exc:
         raise click.ClickException(exc.message) from None
-    except redis.RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise click.ClickException(f"Redis: {exc}") from None
 
 

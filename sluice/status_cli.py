@@ -7,13 +7,12 @@ from typing import Any
 
 import click
 import orjson
-from redis.exceptions import RedisError
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
 from shared.fleet import fleet_status
-from shared.redis_client import async_client
+from shared.redis_client import REDIS_ERRORS, async_client
 
 REFRESH_S = 1.0
 NONE = "-"
@@ -126,5 +125,5 @@ def status(redis_url: str, as_json: bool, watch: bool) -> None:
         asyncio.run(_show(redis_url, as_json, watch))
     except KeyboardInterrupt:
         pass
-    except RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise click.ClickException(f"Redis: {exc}") from None

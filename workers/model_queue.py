@@ -19,15 +19,13 @@ from typing import Any
 
 import redis.asyncio as aioredis
 import torch
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared import keys
 from shared.errors import InvalidInput, ModelExecutionError, SluiceError
 from shared.model_config import ModelSpec
 from shared.protocol import ProtocolError, Request, Result, decode_requests
 from shared.queue_policy import QueuePolicy, deadline_us
+from shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS
 from shared.signature import Signature, validate_inputs
 from shared.stats import BatchStats, failure_increments
 from workers.batcher import BatchRules, Pending, Send, next_batch
@@ -139,7 +137,7 @@ class ModelQueue:
             try:
                 await self.ensure_groups()
                 return True
-            except (RedisConnectionError, RedisTimeoutError) as exc:
+            except CONNECTION_ERRORS as exc:
                 delay = RETRY_DELAYS_S[min(attempt, len(RETRY_DELAYS_S) - 1)]
                 log.warning(
                     "%s: Redis unreachable (%s); retry in %.2fs", self.spec.name, exc, delay
@@ -187,7 +185,7 @@ class ModelQueue:
                 log.warning("%s: consumer group gone (Redis lost its data?)", self.spec.name)
                 await self.ensure_groups()
                 continue
-            except (RedisConnectionError, RedisTimeoutError) as exc:
+            except CONNECTION_ERRORS as exc:
                 delay = RETRY_DELAYS_S[min(attempt, len(RETRY_DELAYS_S) - 1)]
                 log.warning("%s: read failed (%s); retry in %.2fs", self.spec.name, exc, delay)
                 attempt += 1
@@ -312,7 +310,7 @@ class ModelQueue:
             reply = await self.redis.xreadgroup(
                 keys.WORKER_GROUP, self.consumer, dict.fromkeys(self.streams, ">"), count=room
             )
-        except RedisError as exc:
+        except REDIS_ERRORS as exc:
             log.warning("%s: catch-up read failed: %s", self.spec.name, exc)
             return
         await self._admit_reply(reply)
@@ -403,7 +401,7 @@ class ModelQueue:
                         await self._take_over(recovery, await recovery.claim(count))
                     if rounds % STALE_CONSUMER_PERIODS == 0:
                         await recovery.prune_consumers()
-            except RedisError as exc:
+            except REDIS_ERRORS as exc:
                 log.warning("%s: recovery round failed: %s", self.spec.name, exc)
 
     async def _take_over(self, recovery: Recovery, claimed: list[Claimed]) -> None:

@@ -13,13 +13,11 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 import redis.asyncio as aioredis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared import keys
 from shared.lua import Lua
 from shared.protocol import Result, encode_results, job_event
+from shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS
 from shared.stats import FINISH_BATCH_LUA
 from workers.pending import Queued
 
@@ -106,7 +104,7 @@ class Publisher:
             status = "done" if route_results[0].error is None else "failed"
             try:
                 await self.redis.publish(keys.job_channel(job_id), job_event(job_id, status))
-            except RedisError as exc:  # the result is stored; only the notification is lost
+            except REDIS_ERRORS as exc:  # the result is stored; only the notification is lost
                 log.warning("job %s: could not announce it: %s", job_id, exc)
 
     async def _send(
@@ -128,7 +126,7 @@ class Publisher:
                     self._finish.queue(pipe, script_keys, args)
                 try:
                     await pipe.execute()
-                except (RedisConnectionError, RedisTimeoutError) as exc:
+                except CONNECTION_ERRORS as exc:
                     if delay is None:
                         # the entries stay pending: a live worker takes them over and answers them
                         log.error("%s: could not publish %d results: %s", self.model, count, exc)

@@ -15,11 +15,10 @@ from pathlib import Path
 import torch
 import uvloop
 from redis.asyncio.client import Pipeline
-from redis.exceptions import RedisError
 
 from shared import keys
 from shared.errors import ModelConfigError
-from shared.redis_client import async_client
+from shared.redis_client import REDIS_ERRORS, async_client
 from shared.registry import (
     HEARTBEAT_INTERVAL_S,
     Member,
@@ -179,7 +178,7 @@ class Worker:
                 try:
                     await pipe.execute()
                     self.redis_ok = True
-                except RedisError as exc:  # Redis down: keep serving, report when it is back
+                except REDIS_ERRORS as exc:  # Redis down: keep serving, report when it is back
                     self.redis_ok = False
                     log.warning("heartbeat failed: %s", exc)
                 await asyncio.sleep(HEARTBEAT_INTERVAL_S)
@@ -199,7 +198,7 @@ class Worker:
                         queue = by_channel.get(message["channel"])
                         if queue is not None and message["type"] == "message":
                             queue.cancel(message["data"].decode())
-                except RedisError as exc:
+                except REDIS_ERRORS as exc:
                     log.warning("cancellation channel lost (%s); resubscribing", exc)
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 2.0)
@@ -260,7 +259,7 @@ class Worker:
                 health.close()
             try:
                 await self.redis.hdel(keys.FLEET, self.id)
-            except RedisError as exc:  # best effort: the entry also expires on its own
+            except REDIS_ERRORS as exc:  # best effort: the entry also expires on its own
                 log.warning("could not remove fleet entry: %s", exc)
             await self.redis.aclose()
             for q in self.queues:
