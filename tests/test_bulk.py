@@ -350,3 +350,18 @@ def test_a_bulk_job_resumes_after_its_rq_worker_is_killed(redis_url: str, model_
         for svc in (second, first, model_worker):
             if svc is not None:
                 stop_service(svc)
+
+
+def test_a_bulk_lease_has_one_holder_at_a_time(redis_url: str) -> None:
+    from workers.bulk import HOLD_LUA, LEASE_MS, RELEASE_LUA
+
+    client = sync_client(redis_url)
+    hold, release = client.register_script(HOLD_LUA), client.register_script(RELEASE_LUA)
+    lease = keys.bulk_key("leased", "lease")
+    assert hold(keys=[lease], args=["a", LEASE_MS]) == 1
+    assert hold(keys=[lease], args=["b", LEASE_MS]) == 0  # a holds it
+    assert hold(keys=[lease], args=["a", LEASE_MS]) == 1  # a renews
+    client.set(lease, "requeued")  # an rq worker found a's feeder dead
+    assert hold(keys=[lease], args=["b", LEASE_MS]) == 1
+    assert release(keys=[lease], args=["a"]) == 0  # a, back from a stall, cannot free b's lease
+    assert client.get(lease) == b"b"

@@ -41,6 +41,25 @@ READ_COUNT = 256
 #: rq workers that run bulk jobs check for orphaned ones this often.
 MAINTENANCE_S = 5
 
+#: take or renew the lease if it is free, marked for a rerun, or already ours.
+HOLD_LUA = """
+local holder = redis.call('GET', KEYS[1])
+if holder == false or holder == 'requeued' or holder == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+"""
+#: give the lease up only if it is still ours.
+RELEASE_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class LeaseLost(RuntimeError):
+    """Another feeder took the job over (this one stalled past its lease)."""
+
 
 @dataclass(frozen=True, slots=True)
 class BulkSpec:
@@ -96,6 +115,8 @@ class BulkFeeder:
         self.failed = 0
         self.fed = 0
         self._renewed = self._reported = 0.0
+        self._hold = connection.register_script(HOLD_LUA)
+        self._release = connection.register_script(RELEASE_LUA)
 
     def run(self) -> dict[str, int | str]:
         if not self._take_lease():
@@ -103,7 +124,7 @@ class BulkFeeder:
         try:
             return self._run()
         finally:
-            self.redis.delete(self.spec.key("lease"))
+            self._release(keys=[self.spec.key("lease")], args=[self.owner])
 
     def _run(self) -> dict[str, int | str]:
         items = read_items(
@@ -134,16 +155,17 @@ class BulkFeeder:
         while True:
             if self.redis.exists(self.spec.key("output")):
                 return False
-            holder = self.redis.get(lease)
-            if holder in (None, b"requeued") and self.redis.set(lease, self.owner, px=LEASE_MS):
+            if self._hold(keys=[lease], args=[self.owner, LEASE_MS]):
                 self._renewed = time.monotonic()
                 return True
             time.sleep(RENEW_S)
 
     def _keep_lease(self) -> None:
-        if time.monotonic() - self._renewed >= RENEW_S:
-            self.redis.set(self.spec.key("lease"), self.owner, px=LEASE_MS)
-            self._renewed = time.monotonic()
+        if time.monotonic() - self._renewed < RENEW_S:
+            return
+        if not self._hold(keys=[self.spec.key("lease")], args=[self.owner, LEASE_MS]):
+            raise LeaseLost(f"bulk {self.spec.id}: another feeder holds it now")
+        self._renewed = time.monotonic()
 
     def _feed(self, items: Sequence[Item]) -> None:
         room = self.spec.window - (self.fed - len(self.done))
