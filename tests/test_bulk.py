@@ -365,3 +365,16 @@ def test_a_bulk_lease_has_one_holder_at_a_time(redis_url: str) -> None:
     assert hold(keys=[lease], args=["b", LEASE_MS]) == 1
     assert release(keys=[lease], args=["a"]) == 0  # a, back from a stall, cannot free b's lease
     assert client.get(lease) == b"b"
+
+
+def test_a_running_bulk_job_stops_feeding_when_cancelled(service: Service) -> None:
+    """batch8 waits 1 s for company, so with a window of 1 the job feeds an item a second."""
+    client = sync_client(service.redis_url)
+    x = np.full((20, 4), 2.0, np.float32)
+    submit_bulk(client, "batch8", _npz(IN=x), "npz", bulk_id="cancel-running", window=1)
+    _until(lambda: bulk_status(client, "cancel-running").done >= 1, "the first item")
+    assert cancel_bulk(client, "cancel-running").status == "cancelled"
+    _until(lambda: client.get(keys.bulk_key("cancel-running", "lease")) is None, "the feeder")
+    fed = int(client.get(keys.bulk_fed("batch8", "cancel-running")) or 0)
+    assert fed < 20
+    assert bulk_status(client, "cancel-running").status == "cancelled"
