@@ -10,23 +10,23 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-import fleet_sim
+import fleet_model
 
-BATCHING = fleet_sim.Batching(max_batch=64, delay_s=1e-3)
-MEASURED = fleet_sim.Service(fleet_sim.SERVICE_A_MS / 1e3, fleet_sim.SERVICE_C_MS / 1e3)
+BATCHING = fleet_model.Batching(max_batch=64, delay_s=1e-3)
+MEASURED = fleet_model.Service(fleet_model.SERVICE_A_MS / 1e3, fleet_model.SERVICE_C_MS / 1e3)
 #: batching nearly free: pooling requests can only help
-FLAT = fleet_sim.Service(5e-3, 0.03e-3)
-COST = fleet_sim.RedisCost(500.0, 10.0, 0.75)
+FLAT = fleet_model.Service(5e-3, 0.03e-3)
+COST = fleet_model.RedisCost(500.0, 10.0, 0.75)
 REQUESTS = 20_000
 
 
-@pytest.mark.parametrize("policy", list(fleet_sim.POLICIES))
+@pytest.mark.parametrize("policy", list(fleet_model.POLICIES))
 @pytest.mark.parametrize("service", [MEASURED, FLAT], ids=["measured", "flat"])
 def test_every_request_runs_once_in_a_batch_within_limits(
-    policy: str, service: fleet_sim.Service
+    policy: str, service: fleet_model.Service
 ) -> None:
-    arrivals = fleet_sim.poisson_arrivals(8 * 0.9 * service.capacity(64), REQUESTS, seed=3)
-    outcome = fleet_sim.POLICIES[policy](arrivals.tolist(), 8, BATCHING, service)
+    arrivals = fleet_model.poisson_arrivals(8 * 0.9 * service.capacity(64), REQUESTS, seed=3)
+    outcome = fleet_model.POLICIES[policy](arrivals.tolist(), 8, BATCHING, service)
     assert sum(outcome.sizes) == REQUESTS
     assert min(outcome.sizes) >= 1
     assert max(outcome.sizes) <= BATCHING.max_batch
@@ -35,14 +35,14 @@ def test_every_request_runs_once_in_a_batch_within_limits(
 
 
 def test_shared_queue_beats_round_robin_when_batching_is_nearly_free() -> None:
-    shared = fleet_sim.simulate("shared", 16, 0.8, REQUESTS, 1, BATCHING, FLAT)
-    spread = fleet_sim.simulate("round_robin", 16, 0.8, REQUESTS, 1, BATCHING, FLAT)
+    shared = fleet_model.simulate("shared", 16, 0.8, REQUESTS, 1, BATCHING, FLAT)
+    spread = fleet_model.simulate("round_robin", 16, 0.8, REQUESTS, 1, BATCHING, FLAT)
     assert shared.p99_ms <= spread.p99_ms
     assert shared.mean_batch >= spread.mean_batch
 
 
 def test_same_seed_same_result() -> None:
-    runs = [fleet_sim.simulate("pull", 4, 0.8, 5_000, 7, BATCHING, MEASURED) for _ in range(2)]
+    runs = [fleet_model.simulate("pull", 4, 0.8, 5_000, 7, BATCHING, MEASURED) for _ in range(2)]
     assert runs[0] == runs[1]
 
 
@@ -53,8 +53,8 @@ def test_redis_cost_per_inference_falls_with_batch_size() -> None:
 
 
 def test_shards_raise_the_limit_except_for_one_hot_model() -> None:
-    spread = [fleet_sim.worker_limit(COST, 32, 1000, k, hot_model=False) for k in (1, 2, 4, 8)]
-    hot = [fleet_sim.worker_limit(COST, 32, 1000, k, hot_model=True) for k in (1, 2, 4, 8)]
+    spread = [fleet_model.worker_limit(COST, 32, 1000, k, hot_model=False) for k in (1, 2, 4, 8)]
+    hot = [fleet_model.worker_limit(COST, 32, 1000, k, hot_model=True) for k in (1, 2, 4, 8)]
     assert all(b > a for a, b in itertools.pairwise(spread))
     assert spread[2] == pytest.approx(4 * spread[0])
     # one model's stream lives on one shard: only its reply traffic leaves it

@@ -1,0 +1,376 @@
+"""The fleet simulation itself: workers, batchers, the three ways to reach them, Redis cost.
+
+`benchmarks/fleet_sim.py` runs it over fleet sizes and loads and reports the figures.
+
+Discrete-event simulation, seeded, calibrated with figures measured by
+`benchmarks/scale_workers.py` (its JSON with `--calibration`, else the defaults below):
+
+* a worker runs one batch at a time; a batch of b takes t(b) = a + c·b (fitted to the
+  reference MLP alone, 1 torch thread);
+* requests arrive as one Poisson stream, scaled to the fleet: load = rate / (workers x
+  max_batch / t(max_batch)), i.e. against what the fleet does at full batches;
+* the batcher is Triton's: run when max_batch requests wait or when the oldest has waited
+  the delay (64 and 1 ms, as the reference model);
+* Redis costs CPU per executed batch (a fixed set of commands: reads, one reply XADD, one
+  ack-and-statistics script; the gateway's entries and reply reads, which also thin out
+  under load, are folded in) plus a little per request (its tensors in and out), so the
+  per-inference cost falls with batch size; a shard saturates when rate x cost reaches one
+  core. Redis is not otherwise simulated: no queueing delay in it before it saturates.
+
+Three ways to get requests to workers, at the same arrival stream:
+
+* shared: one work-conserving queue per model and one batcher; whichever worker has a free
+  instance runs the next batch (the ideal a stream with a consumer group aims at);
+* pull: what sluice's workers do: each worker with a free instance keeps one blocking
+  XREADGROUP open; Redis hands each new entry to the longest-waiting reader, which batches
+  what it holds by the same rule; entries that find no reader wait in the stream and the
+  next worker to free up takes up to max_batch of them at once;
+* round_robin: each server its own dynamic batcher, requests dealt in turn (Triton behind
+  a round-robin load balancer).
+
+Not modelled: network time, the gateway, the gateway grouping requests that arrive together
+into one stream entry (one request per entry here), uneven hash-slot spread, and failures.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import itertools
+import json
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+#: Measured on 2026-11-29 (x86_64, 2 cores, other work running) by
+#: `python benchmarks/scale_workers.py`: the MLP alone, 1 thread (397, 1,049, 2,731 and 3,215
+#: infer/s at batch 1, 8, 32, 64), fitted to t(b) = a + c·b ...
+SERVICE_A_MS = 2.484
+SERVICE_C_MS = 0.298
+#: ... Redis CPU per executed batch and per request (loopback TCP, idle background out) ...
+REDIS_US_PER_BATCH = 588.8
+REDIS_US_PER_REQUEST = 11.3
+#: ... and the share of Redis command time on the model's own keys (its Cluster slot).
+MODEL_SLOT_SHARE = 0.732
+
+DEFAULT_WORKERS = (4, 16, 64)
+DEFAULT_LOADS = (0.5, 0.8, 0.95)
+PLOT_LOADS = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95)
+FLEET_SIZES = (1, 4, 16, 64, 256, 1000)
+SHARDS = (1, 2, 4, 8, 16)
+#: not measured: a GPU-like curve where batching is nearly free (t(64) = 1.4 x t(1)), to show
+#: how much the shared-vs-round-robin verdict depends on the shape of t(b)
+FLAT_SERVICE_MS = (5.0, 0.03)
+#: requests dropped from the statistics at the start, while queues fill
+WARMUP_FRACTION = 0.1
+#: and at the end, where arrivals stop and batches wait out their delay
+COOLDOWN_FRACTION = 0.02
+DONE, TIMER = 0, 1
+
+
+@dataclass(frozen=True, slots=True)
+class Service:
+    """Batch service time t(b) = a + c·b, in seconds."""
+
+    a_s: float
+    c_s: float
+
+    def time(self, batch: int) -> float:
+        return self.a_s + self.c_s * batch
+
+    def capacity(self, max_batch: int) -> float:
+        """Inferences/s of one worker that always runs full batches."""
+        return max_batch / self.time(max_batch)
+
+
+@dataclass(frozen=True, slots=True)
+class Batching:
+    max_batch: int = 64
+    delay_s: float = 1e-3
+
+
+@dataclass(frozen=True, slots=True)
+class RedisCost:
+    us_per_batch: float
+    us_per_request: float
+    #: share of a model's Redis work on its own slot (the rest: gateways' reply streams)
+    model_slot_share: float
+
+    def us_per_inference(self, batch: float) -> float:
+        return self.us_per_request + self.us_per_batch / batch
+
+    def shard_rate(self, batch: float) -> float:
+        """Inferences/s that keep one Redis core busy."""
+        return 1e6 / self.us_per_inference(batch)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """Completion time of every request, and the size of every executed batch."""
+
+    done: np.ndarray
+    sizes: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    policy: str
+    workers: int
+    load: float
+    requests: int
+    mean_batch: float
+    largest_batch: int
+    p50_ms: float
+    p99_ms: float
+
+
+@dataclass(slots=True)
+class PullWorker:
+    """One sluice worker as the pull policy sees it."""
+
+    held: deque[int] = field(default_factory=deque)
+    busy: bool = False
+    reading: bool = False
+    armed_at: float = -1.0
+
+
+def poisson_arrivals(rate: float, count: int, seed: int) -> np.ndarray:
+    return np.cumsum(np.random.default_rng(seed).exponential(1 / rate, count))
+
+
+def central_batcher(
+    arrivals: Sequence[float], instances: int, batching: Batching, service: Service
+) -> Outcome:
+    """One FIFO queue and its dynamic batcher feeding `instances` identical instances.
+
+    Jumps from decision to decision (an instance frees, the queue reaches max_batch, the
+    oldest request's delay runs out), so its cost is per batch, not per request.
+    """
+    n, size_cap, delay = len(arrivals), batching.max_batch, batching.delay_s
+    done, sizes, running = np.empty(n), [], []
+    free, head, now = instances, 0, arrivals[0] if n else 0.0
+    while head < n:
+        while running and running[0] <= now:
+            heapq.heappop(running)
+            free += 1
+        arrived = bisect.bisect_right(arrivals, now, lo=head)
+        while (
+            free
+            and head < arrived
+            and (arrived - head >= size_cap or now >= arrivals[head] + delay)
+        ):
+            size = min(size_cap, arrived - head)
+            end = now + service.time(size)
+            done[head : head + size] = end
+            head += size
+            free -= 1
+            sizes.append(size)
+            heapq.heappush(running, end)
+        now = _next_decision(arrivals, head, arrived, free, running, batching)
+    return Outcome(done, sizes)
+
+
+def _next_decision(
+    arrivals: Sequence[float],
+    head: int,
+    arrived: int,
+    free: int,
+    running: list[float],
+    batching: Batching,
+) -> float:
+    soonest = running[0] if running else math.inf
+    if not free:
+        return soonest
+    if head < arrived:
+        fills = head + batching.max_batch - 1
+        full_at = arrivals[fills] if fills < len(arrivals) else math.inf
+        return min(soonest, arrivals[head] + batching.delay_s, full_at)
+    return min(soonest, arrivals[arrived]) if arrived < len(arrivals) else soonest
+
+
+def shared_queue(
+    arrivals: Sequence[float], workers: int, batching: Batching, service: Service
+) -> Outcome:
+    return central_batcher(arrivals, workers, batching, service)
+
+
+def round_robin(
+    arrivals: Sequence[float], workers: int, batching: Batching, service: Service
+) -> Outcome:
+    """Request i to server i mod workers; the servers never see each other's queues."""
+    done, sizes = np.empty(len(arrivals)), []
+    for k in range(workers):
+        part = central_batcher(arrivals[k::workers], 1, batching, service)
+        done[k::workers] = part.done
+        sizes += part.sizes
+    return Outcome(done, sizes)
+
+
+class PullFleet:
+    """sluice's reading: one blocking XREADGROUP per worker with a free instance and room.
+
+    Redis serves blocked readers first come, first served, one new entry at a time; a worker
+    re-issues its read before deciding on a batch, so a read that is open when the worker
+    starts a batch still takes the next entry, which then waits for that batch to finish.
+    """
+
+    def __init__(
+        self, arrivals: Sequence[float], workers: int, batching: Batching, service: Service
+    ) -> None:
+        self.arrivals, self.batching, self.service = arrivals, batching, service
+        self.workers = [PullWorker() for _ in range(workers)]
+        self.readers: deque[int] = deque()
+        self.stream: deque[int] = deque()  # entries no reader took
+        self.events: list[tuple[float, int, int, int]] = []
+        self.seq = itertools.count()
+        self.done = np.empty(len(arrivals))
+        self.sizes: list[int] = []
+
+    def run(self) -> Outcome:
+        for w in range(len(self.workers)):
+            self._read(w)
+        i, n = 0, len(self.arrivals)
+        while i < n or self.events:
+            if self.events and (i >= n or self.events[0][0] <= self.arrivals[i]):
+                at, _, kind, w = heapq.heappop(self.events)
+                if kind == DONE:
+                    self._finished(w)
+                self._read(w)
+                self._decide(w, at)
+            else:
+                self._arrive(i)
+                i += 1
+        return Outcome(self.done, self.sizes)
+
+    def _arrive(self, i: int) -> None:
+        if not self.readers:
+            self.stream.append(i)
+            return
+        w = self.readers.popleft()
+        self.workers[w].reading = False
+        self.workers[w].held.append(i)
+        self._read(w)
+        self._decide(w, self.arrivals[i])
+
+    def _finished(self, w: int) -> None:
+        """A batch ended: take what queued in the stream meanwhile (XREADGROUP COUNT)."""
+        worker = self.workers[w]
+        worker.busy = False
+        while self.stream and len(worker.held) < self.batching.max_batch:
+            worker.held.append(self.stream.popleft())
+
+    def _read(self, w: int) -> None:
+        worker = self.workers[w]
+        if not worker.reading and not worker.busy and len(worker.held) < self.batching.max_batch:
+            worker.reading = True
+            self.readers.append(w)
+
+    def _decide(self, w: int, now: float) -> None:
+        worker = self.workers[w]
+        if worker.busy or not worker.held:
+            return
+        oldest = self.arrivals[worker.held[0]]
+        if len(worker.held) < self.batching.max_batch and now < oldest + self.batching.delay_s:
+            due = oldest + self.batching.delay_s
+            if worker.armed_at != due:
+                worker.armed_at = due
+                heapq.heappush(self.events, (due, next(self.seq), TIMER, w))
+            return
+        size = min(self.batching.max_batch, len(worker.held))
+        end = now + self.service.time(size)
+        for _ in range(size):
+            self.done[worker.held.popleft()] = end
+        worker.busy = True
+        self.sizes.append(size)
+        heapq.heappush(self.events, (end, next(self.seq), DONE, w))
+
+
+def pull(arrivals: Sequence[float], workers: int, batching: Batching, service: Service) -> Outcome:
+    return PullFleet(arrivals, workers, batching, service).run()
+
+
+Policy = Callable[[Sequence[float], int, Batching, Service], Outcome]
+POLICIES: dict[str, Policy] = {"shared": shared_queue, "pull": pull, "round_robin": round_robin}
+REDIS_POLICIES = ("shared", "pull")
+
+
+def simulate(
+    policy: str,
+    workers: int,
+    load: float,
+    requests: int,
+    seed: int,
+    batching: Batching,
+    service: Service,
+) -> SimResult:
+    """One scenario; the same seed gives every policy the same arrival stream."""
+    rate = load * workers * service.capacity(batching.max_batch)
+    arrivals = poisson_arrivals(rate, requests, seed)
+    outcome = POLICIES[policy](arrivals.tolist(), workers, batching, service)
+    skip, keep = int(requests * WARMUP_FRACTION), int(requests * (1 - COOLDOWN_FRACTION))
+    latency_ms = (outcome.done - arrivals)[skip:keep] * 1e3
+    return SimResult(
+        policy=policy,
+        workers=workers,
+        load=load,
+        requests=requests,
+        mean_batch=round(requests / len(outcome.sizes), 2),
+        largest_batch=max(outcome.sizes),
+        p50_ms=round(float(np.percentile(latency_ms, 50)), 2),
+        p99_ms=round(float(np.percentile(latency_ms, 99)), 2),
+    )
+
+
+def redis_cores(rate: float, batch: float, cost: RedisCost) -> float:
+    """Redis cores a fleet's traffic keeps busy at this mean batch size."""
+    return rate * cost.us_per_inference(batch) / 1e6
+
+
+def worker_limit(
+    cost: RedisCost, batch: float, worker_rate: float, shards: int, hot_model: bool
+) -> float:
+    """Workers that K shards can serve before the busiest one reaches a full core.
+
+    Many models spread over the shards by hash tag scale with K (assuming even spread); one
+    hot model's request stream and statistics live on one slot, so only the reply streams
+    (other gateways' slots) leave its shard and K beyond 2 buys it nothing.
+    """
+    rate = cost.shard_rate(batch)
+    if hot_model and shards > 1:
+        return rate / cost.model_slot_share / worker_rate
+    return shards * rate / worker_rate
+
+
+def calibration(path: Path | None) -> tuple[Service, RedisCost]:
+    """Figures from a scale_workers.py JSON, or the defaults measured with it."""
+    if path is None:
+        return (
+            Service(SERVICE_A_MS / 1e3, SERVICE_C_MS / 1e3),
+            RedisCost(REDIS_US_PER_BATCH, REDIS_US_PER_REQUEST, MODEL_SLOT_SHARE),
+        )
+    data = json.loads(path.read_text())
+    fit, cost = data["service_time"], data["redis_cost"]
+    return (
+        Service(fit["a_ms"] / 1e3, fit["c_ms"] / 1e3),
+        RedisCost(cost["cpu_us_per_batch"], cost["cpu_us_per_request"], cost["model_slot_share"]),
+    )
+
+
+def run_grid(
+    workers: Sequence[int],
+    loads: Sequence[float],
+    per_worker: int,
+    seed: int,
+    batching: Batching,
+    service: Service,
+) -> list[SimResult]:
+    """Every policy at every (fleet size, load), each on the same arrivals."""
+    rows = []
+    for w, load in itertools.product(workers, loads):
+        requests = max(40_000, per_worker * w)
+        rows += [simulate(p, w, load, requests, seed, batching, service) for p in POLICIES]
+    return rows
