@@ -97,8 +97,7 @@ class BulkApi:
         raise JobNotFound(f"unknown bulk path /v2/bulk/{'/'.join(rest)}")
 
     async def _output(self, bulk_id: str) -> HttpResponse:
-        data = await _in_thread(bulk.bulk_output, self.redis, bulk_id)
-        status = await _in_thread(bulk.bulk_status, self.redis, bulk_id)
+        status, data = await _in_thread(bulk.bulk_output, self.redis, bulk_id)
         if data is None:
             return _status_response(status, 202)
         jsonl = status.format == "jsonl"

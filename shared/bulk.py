@@ -61,6 +61,7 @@ class BulkStatus:
     done: int
     failed: int
     error: str | None = None
+    created_ms: int = 0
 
     def to_json(self) -> dict[str, Any]:
         body = {
@@ -162,12 +163,19 @@ def _spec(connection: redis.Redis, bulk_id: str) -> dict[bytes, bytes]:
     return spec
 
 
-def bulk_status(connection: redis.Redis, bulk_id: str) -> BulkStatus:
+def _load(connection: redis.Redis, bulk_id: str) -> tuple[dict[bytes, bytes], Job]:
     spec = _spec(connection, bulk_id)
     try:
-        job = Job.fetch(bulk_id, connection=connection, serializer=JSONSerializer)
+        return spec, Job.fetch(bulk_id, connection=connection, serializer=JSONSerializer)
     except NoSuchJobError:
         raise JobNotFound(f"bulk job '{bulk_id}' is unknown or expired") from None
+
+
+def bulk_status(connection: redis.Redis, bulk_id: str) -> BulkStatus:
+    return _status_of(bulk_id, *_load(connection, bulk_id))
+
+
+def _status_of(bulk_id: str, spec: dict[bytes, bytes], job: Job) -> BulkStatus:
     status = _STATUS.get(job.get_status(), "queued")
     if spec.get(b"cancelled"):
         status = "cancelled"
@@ -182,6 +190,7 @@ def bulk_status(connection: redis.Redis, bulk_id: str) -> BulkStatus:
         int(meta.get("done", 0)),
         int(meta.get("failed", 0)),
         error,
+        int(spec.get(b"created_ms", 0)),
     )
 
 
@@ -194,20 +203,22 @@ def _failure(job: Job) -> str:
 
 def cancel_bulk(connection: redis.Redis, bulk_id: str) -> BulkStatus:
     """Stop feeding a bulk job (items already fed still run); no-op once it has finished."""
-    status = bulk_status(connection, bulk_id)
+    spec, job = _load(connection, bulk_id)
+    status = _status_of(bulk_id, spec, job)
     if status.status in ("done", "failed", "cancelled"):
         return status
     connection.hset(keys.bulk_key(bulk_id, "spec"), "cancelled", 1)
-    job = Job.fetch(bulk_id, connection=connection, serializer=JSONSerializer)
     if job.get_status() in (JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.DEFERRED):
         job.cancel()
     return bulk_status(connection, bulk_id)
 
 
-def bulk_output(connection: redis.Redis, bulk_id: str) -> bytes | None:
-    """The results file once the job is done (None before)."""
-    _spec(connection, bulk_id)
-    return connection.get(keys.bulk_key(bulk_id, "output"))
+def bulk_output(connection: redis.Redis, bulk_id: str) -> tuple[BulkStatus, bytes | None]:
+    """The job's status, and its results file once it is done (None before)."""
+    status = bulk_status(connection, bulk_id)
+    if status.status != "done":
+        return status, None
+    return status, connection.get(keys.bulk_key(bulk_id, "output"))
 
 
 def list_bulks(connection: redis.Redis) -> list[BulkStatus]:
@@ -224,11 +235,7 @@ def list_bulks(connection: redis.Redis) -> list[BulkStatus]:
     found = []
     for bulk_id in dict.fromkeys(ids):
         try:
-            found.append((bulk_id, bulk_status(connection, bulk_id)))
+            found.append(bulk_status(connection, bulk_id))
         except JobNotFound:
             continue
-    created = {
-        bulk_id: int(connection.hget(keys.bulk_key(bulk_id, "spec"), "created_ms") or 0)
-        for bulk_id, _ in found
-    }
-    return [s for bulk_id, s in sorted(found, key=lambda f: created[f[0]], reverse=True)]
+    return sorted(found, key=lambda s: s.created_ms, reverse=True)

@@ -11,16 +11,12 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-import redis.asyncio as aioredis
-from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 from shared import keys
 from shared.queue_policy import QueuePolicy
+from shared.redis_client import AsyncClient
 from shared.registry import Member, decode_model_record, live_members, now_ms
-
-#: a single server or a cluster: every command here touches one slot.
-Client = aioredis.Redis | RedisCluster
 
 
 def _text(value: bytes | str) -> str:
@@ -67,7 +63,7 @@ def member_json(member: Member, now: int) -> dict[str, Any]:
 
 
 async def _model_queue(
-    redis: Client, model: str, levels: tuple[int, ...], now: int
+    redis: AsyncClient, model: str, levels: tuple[int, ...], now: int
 ) -> dict[str, Any]:
     """Depth, group lag and pending, oldest entry age and dead letters of one model."""
     streams = [keys.request_stream(model, level) for level in levels]
@@ -106,7 +102,7 @@ async def _model_queue(
     }
 
 
-async def fleet_status(redis: Client) -> dict[str, Any]:
+async def fleet_status(redis: AsyncClient) -> dict[str, Any]:
     """Every live member and every known model's queue, as JSON-able data.
 
     `members` holds only members with a fresh heartbeat, so a crashed one drops out within

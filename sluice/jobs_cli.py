@@ -85,7 +85,7 @@ def _follow(connection: redis.Redis, bulk_id: str) -> BulkStatus:
 
 
 def _save(connection: redis.Redis, bulk_id: str, output: Path) -> None:
-    data = _call(bulk_output, connection, bulk_id)
+    _, data = _call(bulk_output, connection, bulk_id)
     if data is None:
         raise click.ClickException(f"bulk job '{bulk_id}' has no results yet")
     output.write_bytes(data)
