@@ -335,9 +335,13 @@ def test_a_bulk_job_resumes_after_its_rq_worker_is_killed(redis_url: str, model_
     try:
         x = np.random.default_rng(7).standard_normal((10_000, 4)).astype(np.float32)
         submit_bulk(client, "affine", _npz(X=x), "npz", bulk_id="big", window=256)
-        _until(lambda: bulk_status(client, "big").done >= 3_000, "half the items")
+        # the model's own count is live (progress lags by up to PROGRESS_S); pausing the model
+        # worker before the kill keeps the job from finishing first
+        _until(lambda: _inference_count(client, "affine") >= 3_000, "a third of the items")
+        os.kill(model_worker.process.pid, signal.SIGSTOP)
         os.kill(first.process.pid, signal.SIGKILL)
         first.process.wait(10)
+        os.kill(model_worker.process.pid, signal.SIGCONT)
         halfway = bulk_status(client, "big")
         assert halfway.status == "running" and halfway.done < 10_000
         second = start_sluice("jobs", ["worker", "--redis-url", redis_url], ready="Listening on")

@@ -1,7 +1,8 @@
-"""A worker pulls only what a free instance can take, and answers everything it pulled."""
+"""A worker keeps one batch in hand beyond the running one, and answers everything it pulled."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import redis
@@ -20,7 +21,13 @@ MAX_BATCH = 4
 REQUESTS = 40
 
 
-def test_worker_pulls_only_for_free_instances(tmp_path: Path, redis_url: str) -> None:
+def _delivered(client: redis.Redis, stream: str) -> int:
+    return int(client.xpending(stream, keys.WORKER_GROUP)["pending"])
+
+
+def test_worker_reads_one_batch_ahead_while_its_instance_is_busy(
+    tmp_path: Path, redis_url: str
+) -> None:
     repo = write_gated_repo(tmp_path, MAX_BATCH)
     client = redis.Redis.from_url(redis_url)
     reply_to = keys.reply_stream("test")
@@ -31,8 +38,11 @@ def test_worker_pulls_only_for_free_instances(tmp_path: Path, redis_url: str) ->
     try:
         _, first = client.blpop("entered", timeout=60)
         assert int(first) == MAX_BATCH
-        delivered = client.xpending(stream, keys.WORKER_GROUP)["pending"]
-        assert MAX_BATCH <= delivered <= 2 * MAX_BATCH
+        # the instance is held: the next batch is read ahead, and nothing beyond it
+        deadline = time.monotonic() + 30
+        while _delivered(client, stream) < 2 * MAX_BATCH and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _delivered(client, stream) == 2 * MAX_BATCH
         assert client.xlen(stream) == REQUESTS  # nothing acknowledged while the batch is held
         client.rpush("gate", *range(REQUESTS))
         results = dict(collect_results(client, reply_to, REQUESTS))

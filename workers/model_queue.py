@@ -1,7 +1,11 @@
 """One model's queue inside a worker: read from its streams, batch, run, publish, ack.
 
-The reader pulls only while an instance is free and the pending requests do not fill a
-batch, so a worker never hoards work other workers could do. The batcher asks
+The reader keeps one batch in hand: it pulls while the pending requests do not fill a batch,
+also while every instance is busy, so the next batch is ready the moment an instance frees
+(no read round trip between batches), and a worker never holds more than one batch that
+other workers could run. A model with priority levels reads only while an instance is free,
+then once more just before each batch, so that a request of a higher level arriving
+meanwhile is never stuck behind a batch of lower ones already in hand. The batcher asks
 `next_batch` what to do and sleeps exactly as long as it says (or until the next request
 times out), or until a request arrives.
 """
@@ -91,7 +95,9 @@ class ModelQueue:
         self._room = asyncio.Event()
         self._room.set()
         self._running: set[asyncio.Future[None]] = set()
-        #: a batch just finished: read what queued up meanwhile before the next decision.
+        #: keep a batch in hand while the instances are busy (FIFO models; see the docstring).
+        self._read_ahead = len(self.streams) == 1
+        #: a batch just finished and nothing was read ahead: read what queued up meanwhile.
         self._catch_up = False
         #: ids cancelled before this worker read them (insertion-ordered, bounded).
         self._cancelled: dict[str, None] = {}
@@ -265,7 +271,8 @@ class ModelQueue:
             await self.publisher.publish([q for q, _ in rejected], [r for _, r in rejected])
 
     def _update_room(self) -> None:
-        if self.free_lanes and self.pending.units() < max(1, self.spec.max_batch_size):
+        may_read = bool(self.free_lanes) or self._read_ahead
+        if may_read and self.pending.units() < max(1, self.spec.max_batch_size):
             self._room.set()
         else:
             self._room.clear()
@@ -350,7 +357,7 @@ class ModelQueue:
         stats.request_samples_ns = [max(0, finished - r.enqueue_ns) for r in requests]
         # the instance is free now: let the next batch form while this one is published
         self.free_lanes.append(lane)
-        self._catch_up = True
+        self._catch_up = not self._read_ahead
         self._update_room()
         self._wake.set()
         await self.publisher.publish(batch, results, stats.increments())
