@@ -360,7 +360,8 @@ class ModelQueue:
         self._catch_up = not self._read_ahead
         self._update_room()
         self._wake.set()
-        await self.publisher.publish(batch, results, stats.increments())
+        in_hand = bool(self.pending) or len(self.free_lanes) < self.spec.instance_count
+        await self.publisher.publish(batch, results, stats.increments(), defer_statistics=in_hand)
         self.batches_done += 1
 
     async def _run_isolating(

@@ -1,0 +1,74 @@
+"""A worker's statistics under load: held back while work is in hand, then written summed."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from shared import keys
+from shared.redis_client import async_client
+from shared.stats import BatchStats
+from workers.publisher import STATS_FLUSH_S, Publisher
+
+
+class Clock:
+    """An injectable monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = async_client(redis_url)
+    yield client
+    await client.aclose()
+
+
+def _batch(size: int, at_ms: int) -> list[str | int]:
+    stats = BatchStats(1, size, at_ms)
+    stats.requests_ok = size
+    stats.queue_samples_ns = [1_000] * size
+    stats.request_samples_ns = [2_000] * size
+    return stats.increments()
+
+
+async def _stats(redis: aioredis.Redis) -> dict[bytes, bytes]:
+    return await redis.hgetall(keys.model_stats("m"))
+
+
+async def test_statistics_wait_while_work_is_in_hand_then_go_summed(
+    redis: aioredis.Redis,
+) -> None:
+    clock = Clock()
+    publisher = Publisher(redis, "m", set(), clock=clock)
+    await publisher.publish([], [], _batch(3, 1_000), defer_statistics=True)
+    clock.now += STATS_FLUSH_S / 2
+    await publisher.publish([], [], _batch(5, 2_000), defer_statistics=True)
+    assert await _stats(redis) == {}
+    await publisher.publish([], [], _batch(2, 1_500))  # nothing else in hand
+    stats = await _stats(redis)
+    assert stats[b"1:inference_count"] == b"10"
+    assert stats[b"1:execution_count"] == b"3"
+    assert stats[b"1:success_count"] == b"10"
+    assert stats[b"1:last_inference"] == b"2000"  # the latest, not a sum
+    assert (stats[b"1:b3:count"], stats[b"1:b5:count"], stats[b"1:b2:count"]) == (b"1",) * 3
+
+
+async def test_held_back_statistics_are_written_once_the_flush_interval_has_passed(
+    redis: aioredis.Redis,
+) -> None:
+    clock = Clock()
+    publisher = Publisher(redis, "m", set(), clock=clock)
+    await publisher.publish([], [], _batch(4, 1_000), defer_statistics=True)
+    assert await _stats(redis) == {}
+    clock.now += STATS_FLUSH_S + 0.001
+    await publisher.publish([], [], _batch(4, 1_100), defer_statistics=True)
+    assert (await _stats(redis))[b"1:inference_count"] == b"8"
+    await publisher.publish([], [], _batch(1, 1_200), defer_statistics=True)
+    assert (await _stats(redis))[b"1:inference_count"] == b"8"  # a new interval has begun
