@@ -75,7 +75,7 @@ def xadd_to_blocked_xread_us(url: str) -> float:
         [sys.executable, __file__, "--reader", url], stdout=subprocess.PIPE, text=True
     )
     client = redis.Redis.from_url(url)
-    time.sleep(0.5)  # the reader is blocked in XREAD by now; later rounds do not depend on it
+    # entries added before the reader first blocks are not counted; it counts the later ones
     while reader.poll() is None:
         time.sleep(IDLE_GAP_S)
         client.xadd("floor", {"t": str(time.time_ns()).encode()})

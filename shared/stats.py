@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,18 @@ for i = 5 + n, #ARGV, 2 do
 end
 return n
 """
+
+
+def add_increments(into: dict[str, int], increments: Sequence[str | int]) -> None:
+    """Add `increments` (field, amount pairs) to `into` as FINISH_BATCH_LUA adds them to the
+    hash: counters sum, `last_inference` keeps the latest."""
+    for field_name, value in zip(increments[::2], increments[1::2], strict=True):
+        name, amount = str(field_name), int(value)
+        if name.endswith("last_inference"):
+            into[name] = max(into.get(name, 0), amount)
+        else:
+            into[name] = into.get(name, 0) + amount
+
 
 DURATIONS = (
     "success",

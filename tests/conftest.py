@@ -8,7 +8,8 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +56,17 @@ def redis_url(scratch_redis: EmbeddedRedis | EmbeddedCluster) -> Iterator[str]:
     client.flushall()
     client.close()
     yield scratch_redis.url
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    """Poll state held elsewhere (Redis, another process) until `condition` holds: for
+    progress that has no event to await."""
+    deadline = time.monotonic() + timeout_s
+    pause = threading.Event()
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        pause.wait(0.01)
 
 
 def free_port() -> int:

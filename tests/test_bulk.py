@@ -9,8 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +31,13 @@ from shared.protocol import Result, Tensor
 from shared.redis_client import sync_client
 from shared.registry import encode_model_record
 from shared.signature import Signature
-from tests.conftest import Service, needs_single_redis, start_sluice, stop_service
+from tests.conftest import (
+    Service,
+    needs_single_redis,
+    start_sluice,
+    stop_service,
+    wait_until,
+)
 
 pytestmark = needs_single_redis  # rq, which bulk jobs run on, does not work on a cluster
 
@@ -57,15 +61,6 @@ def _npy(array: np.ndarray) -> bytes:
     out = io.BytesIO()
     np.save(out, array)
     return out.getvalue()
-
-
-def _until(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
-    """Poll Redis-held state until `condition` holds (progress has no event to await)."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def _inference_count(client: redis.Redis, model: str) -> int:
@@ -174,7 +169,7 @@ def _finished(service: Service, bulk_id: str) -> dict:
         _, body, _ = _http(service, "GET", f"/v2/bulk/{bulk_id}")
         return json.loads(body)["status"] in ("done", "failed", "cancelled")
 
-    _until(done, f"bulk job {bulk_id}")
+    wait_until(done, f"bulk job {bulk_id}", WAIT_S)
     return json.loads(_http(service, "GET", f"/v2/bulk/{bulk_id}")[1])
 
 
@@ -337,7 +332,9 @@ def test_a_bulk_job_resumes_after_its_rq_worker_is_killed(redis_url: str, model_
         submit_bulk(client, "affine", _npz(X=x), "npz", bulk_id="big", window=256)
         # the model's own count is live (progress lags by up to PROGRESS_S); pausing the model
         # worker before the kill keeps the job from finishing first
-        _until(lambda: _inference_count(client, "affine") >= 3_000, "a third of the items")
+        wait_until(
+            lambda: _inference_count(client, "affine") >= 3_000, "a third of the items", WAIT_S
+        )
         os.kill(model_worker.process.pid, signal.SIGSTOP)
         os.kill(first.process.pid, signal.SIGKILL)
         first.process.wait(10)
@@ -345,7 +342,7 @@ def test_a_bulk_job_resumes_after_its_rq_worker_is_killed(redis_url: str, model_
         halfway = bulk_status(client, "big")
         assert halfway.status == "running" and halfway.done < 10_000
         second = start_sluice("jobs", ["worker", "--redis-url", redis_url], ready="Listening on")
-        _until(lambda: bulk_status(client, "big").status == "done", "the resumed job")
+        wait_until(lambda: bulk_status(client, "big").status == "done", "the resumed job", WAIT_S)
         out = np.load(io.BytesIO(client.get(keys.bulk_key("big", "output"))))
         np.testing.assert_allclose(out["Y"], x * 2 + 1)
         assert (out[STATUS_ARRAY] == 200).all()
@@ -378,9 +375,11 @@ def test_a_running_bulk_job_stops_feeding_when_cancelled(service: Service) -> No
     client = sync_client(service.redis_url)
     x = np.full((20, 4), 2.0, np.float32)
     submit_bulk(client, "batch8", _npz(IN=x), "npz", bulk_id="cancel-running", window=1)
-    _until(lambda: bulk_status(client, "cancel-running").done >= 1, "the first item")
+    wait_until(lambda: bulk_status(client, "cancel-running").done >= 1, "the first item", WAIT_S)
     assert cancel_bulk(client, "cancel-running").status == "cancelled"
-    _until(lambda: client.get(keys.bulk_key("cancel-running", "lease")) is None, "the feeder")
+    wait_until(
+        lambda: client.get(keys.bulk_key("cancel-running", "lease")) is None, "the feeder", WAIT_S
+    )
     fed = int(client.get(keys.bulk_fed("batch8", "cancel-running")) or 0)
     assert fed < 20
     assert bulk_status(client, "cancel-running").status == "cancelled"

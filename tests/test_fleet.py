@@ -25,7 +25,7 @@ from shared import keys
 from shared.fleet import fleet_status
 from shared.redis_client import async_client, sync_client
 from shared.registry import Member, encode_model_record, now_ms
-from tests.conftest import Service, start_sluice, stop_service
+from tests.conftest import Service, start_sluice, stop_service, wait_until
 
 DEADLINE_S = 15.0
 CLAIM_IDLE = ["--claim-idle-ms", "1000"]
@@ -185,14 +185,6 @@ def _infer_loop(
         conn.close()
 
 
-def _wait_until(condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + 60
-    pause = threading.Event()
-    while not condition():
-        assert time.monotonic() < deadline
-        pause.wait(0.05)
-
-
 def test_workers_join_leave_and_crash_under_load_lose_nothing(
     fleet: Fleet, model_repo: Path, redis_url: str
 ) -> None:
@@ -207,14 +199,17 @@ def test_workers_join_leave_and_crash_under_load_lose_nothing(
     for loader in loaders:
         loader.start()
     try:
-        _wait_until(lambda: len(answered) >= 100 or bool(failures))
+        wait_until(lambda: len(answered) >= 100 or bool(failures), "the first answers")
         fleet.extra.append(_worker(model_repo, redis_url, "affine"))
         crashed = fleet.workers[2]
         crashed.process.kill()  # its requests are taken over after --claim-idle-ms
         crashed.process.wait(30)
         assert stop_service(fleet.workers[0]) == 0  # SIGTERM: finishes what it holds
         after = len(answered)
-        _wait_until(lambda: (len(answered) >= max(600, after + 200)) or bool(failures))
+        wait_until(
+            lambda: (len(answered) >= max(600, after + 200)) or bool(failures),
+            "answers after the changes",
+        )
     finally:
         stop.set()
         for loader in loaders:

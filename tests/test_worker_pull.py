@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import redis
 
 from shared import keys
 from shared.protocol import encode_requests
+from tests.conftest import wait_until
 from tests.streams import (
     collect_results,
     int_request,
@@ -39,9 +39,7 @@ def test_worker_reads_one_batch_ahead_while_its_instance_is_busy(
         _, first = client.blpop("entered", timeout=60)
         assert int(first) == MAX_BATCH
         # the instance is held: the next batch is read ahead, and nothing beyond it
-        deadline = time.monotonic() + 30
-        while _delivered(client, stream) < 2 * MAX_BATCH and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: _delivered(client, stream) >= 2 * MAX_BATCH, "the read-ahead")
         assert _delivered(client, stream) == 2 * MAX_BATCH
         assert client.xlen(stream) == REQUESTS  # nothing acknowledged while the batch is held
         client.rpush("gate", *range(REQUESTS))

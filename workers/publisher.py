@@ -25,7 +25,7 @@ from shared import keys
 from shared.lua import Lua
 from shared.protocol import Result, encode_results, job_event
 from shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS
-from shared.stats import FINISH_BATCH_LUA
+from shared.stats import FINISH_BATCH_LUA, add_increments
 from workers.pending import Queued
 
 log = logging.getLogger(__name__)
@@ -91,12 +91,7 @@ class Publisher:
         if not self._unwritten:
             self._unwritten_since = self._clock()
         held = self._unwritten
-        for field, value in zip(increments[::2], increments[1::2], strict=True):
-            name, amount = str(field), int(value)
-            if name.endswith("last_inference"):
-                held[name] = max(held.get(name, 0), amount)
-            else:
-                held[name] = held.get(name, 0) + amount
+        add_increments(held, increments)
         if defer and self._clock() - self._unwritten_since < STATS_FLUSH_S:
             return []
         self._unwritten = {}
