@@ -19,6 +19,7 @@ from gateway.http_server import HttpServer
 from gateway.jobs import JobStore
 from gateway.metrics import MetricsApp
 from gateway.model_table import ModelTable
+from shared.gc_tuning import settle_after_startup
 from shared.redis_client import REDIS_ERRORS, async_client
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ async def serve_gateway(
         asyncio.create_task(dispatcher.read_replies(), name="replies"),
         asyncio.create_task(table.run(), name="model-table"),
     ]
+    settle_after_startup()
     try:
         await http.start(config.host, config.http_port)
         await metrics.start(config.host, config.metrics_port)

@@ -18,6 +18,7 @@ from redis.asyncio.client import Pipeline
 
 from shared import keys
 from shared.errors import ModelConfigError
+from shared.gc_tuning import settle_after_startup
 from shared.redis_client import REDIS_ERRORS, async_client
 from shared.registry import (
     HEARTBEAT_INTERVAL_S,
@@ -237,6 +238,7 @@ class Worker:
                     self.config.recovery,
                 )
             )
+        settle_after_startup()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop)
