@@ -147,13 +147,22 @@ def run_load(url: str, concurrency: int, label: str, rclient: redis.Redis | None
             capture_output=True,
             timeout=900,
         )
-        point = json.loads(out.read_text())["points"][0]
+        result = json.loads(out.read_text())["levels"][0]["result"]
+        latency = result["latency"]
+        if latency is None:
+            record["error"] = result["error_kinds"] or "no request succeeded"
+            return record
         record.update(
-            throughput=point["throughput"],
-            p50_ms=point["p50_ms"],
-            p99_ms=point["p99_ms"],
+            throughput=result["throughput"],
+            p50_ms=latency["p50_us"] / 1e3,
+            p99_ms=latency["p99_us"] / 1e3,
             tool="sluice bench",
         )
+        if result["server"] is not None:
+            server = result["server"]
+            record.update(
+                queue_ms=server["queue_us"] / 1e3, compute_ms=server["compute_infer_us"] / 1e3
+            )
     after = server_stats(url)
     inferences, executions = after[0] - before[0], after[1] - before[1]
     record["avg_batch"] = round(inferences / max(1, executions), 2)
