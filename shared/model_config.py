@@ -30,6 +30,10 @@ CONFIG_FILENAME = "config.pbtxt"
 _PYTORCH_PLATFORMS = ("pytorch_libtorch", "libtorch")
 _DEFAULT_FILENAME = {"pytorch": "model.pt", "python": "model.py"}
 _THREAD_PARAMETERS = ("INTRA_OP_THREAD_COUNT", "INTER_OP_THREAD_COUNT")
+#: sluice's own parameter: "adaptive" (default) skips the batching delay while a model's
+#: requests arrive further apart than it; "fixed" always waits it out, as Triton does.
+DELAY_PARAMETER = "BATCH_DELAY"
+_DELAY_MODES = ("adaptive", "fixed")
 _INT64_TYPES = frozenset(
     {
         FieldDescriptor.TYPE_INT64,
@@ -62,6 +66,7 @@ class BatchingPolicy:
     max_queue_delay_us: int
     preferred_batch_sizes: tuple[int, ...]
     preserve_ordering: bool
+    adaptive_delay: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,9 +114,9 @@ def load_model_config(model_dir: Path) -> ModelSpec:
         raise err("max_batch_size", f"must be >= 0, got {cfg.max_batch_size}")
     inputs = _tensors(cfg.input, "input", cfg.max_batch_size, err)
     outputs = _tensors(cfg.output, "output", cfg.max_batch_size, err)
-    batching = _batching(cfg, err)
-    instance_count, instance_kind = _instances(cfg, err)
     parameters = {key: value.string_value for key, value in cfg.parameters.items()}
+    batching = _batching(cfg, parameters, err)
+    instance_count, instance_kind = _instances(cfg, err)
     intra, inter = (_thread_count(parameters, key, err) for key in _THREAD_PARAMETERS)
     version_policy = _version_policy(cfg)
     _fill_pinned_memory(cfg)
@@ -242,7 +247,7 @@ def _segment_counts(shape: tuple[int, ...]) -> list[int]:
     return counts
 
 
-def _batching(cfg: ModelConfig, err: _Errors) -> BatchingPolicy:
+def _batching(cfg: ModelConfig, parameters: dict[str, str], err: _Errors) -> BatchingPolicy:
     dynamic = cfg.HasField("dynamic_batching")
     db = cfg.dynamic_batching
     if dynamic:
@@ -262,7 +267,16 @@ def _batching(cfg: ModelConfig, err: _Errors) -> BatchingPolicy:
         max_queue_delay_us=db.max_queue_delay_microseconds,
         preferred_batch_sizes=tuple(sorted(set(db.preferred_batch_size))),
         preserve_ordering=db.preserve_ordering,
+        adaptive_delay=_delay_mode(parameters, err) == "adaptive",
     )
+
+
+def _delay_mode(parameters: dict[str, str], err: _Errors) -> str:
+    mode = parameters.get(DELAY_PARAMETER, "adaptive")
+    if mode not in _DELAY_MODES:
+        expected = " or ".join(f"'{m}'" for m in _DELAY_MODES)
+        raise err(f"parameters.{DELAY_PARAMETER}", f"must be {expected}, got '{mode}'")
+    return mode
 
 
 def _instances(cfg: ModelConfig, err: _Errors) -> tuple[int, str]:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Hashable, Sequence
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from workers.batcher import BatchRules, Pending, Send, Wait, next_batch
+from workers.batcher import ArrivalGap, BatchRules, Pending, Send, Wait, next_batch
 
 US = 1_000  # ns per microsecond
 T0 = 1_000_000_000_000  # an arbitrary steady-clock reading for the oldest request
@@ -18,12 +19,14 @@ def rules(
     delay_us: int = 0,
     preferred: Sequence[int] = (),
     dynamic: bool = True,
+    adaptive: bool = False,
 ) -> BatchRules:
     return BatchRules(
         max_batch_size=max_batch_size,
         dynamic=dynamic,
         max_queue_delay_ns=delay_us * US,
         preferred_batch_sizes=frozenset(preferred),
+        adaptive_delay=adaptive,
     )
 
 
@@ -297,3 +300,88 @@ def test_delay_exceeded_for_the_oldest_never_waits(
     pending, now, r = scenario
     if pending and now - pending[0].start_ns >= r.max_queue_delay_ns:
         assert isinstance(next_batch(pending, now, r), Send)
+
+
+# --- adaptive delay (sluice's default, beyond Triton) ----------------------------------------
+
+
+def test_adaptive_delay_sends_at_once_while_arrivals_are_further_apart_than_the_delay() -> None:
+    pending = queue(1, 1)
+    r = rules(delay_us=1000, adaptive=True)
+    assert next_batch(pending, T0 + 100 * US, r, arrival_gap_ns=1001 * US) == Send((0, 1))
+
+
+def test_adaptive_delay_waits_like_triton_while_arrivals_are_close() -> None:
+    pending = queue(1, 1)
+    r = rules(delay_us=1000, adaptive=True)
+    assert next_batch(pending, T0 + 100 * US, r, arrival_gap_ns=1000 * US) == Wait(900 * US)
+
+
+def test_adaptive_delay_waits_until_the_arrival_gap_is_known() -> None:
+    r = rules(delay_us=1000, adaptive=True)
+    assert next_batch(queue(1), T0, r, arrival_gap_ns=None) == Wait(1000 * US)
+
+
+def test_fixed_delay_waits_however_far_apart_arrivals_are() -> None:
+    assert next_batch(queue(1), T0, rules(delay_us=1000), arrival_gap_ns=10**12) == Wait(1000 * US)
+
+
+def test_adaptive_delay_still_sends_the_largest_preferred_size_only() -> None:
+    pending = queue(2, 2, 1)
+    r = rules(max_batch_size=8, delay_us=1000, preferred=[4, 8], adaptive=True)
+    assert next_batch(pending, T0, r, arrival_gap_ns=10**12) == Send((0, 1))
+
+
+@given(scenarios(), st.one_of(st.none(), st.integers(0, 10**10)))
+def test_adaptive_delay_only_ever_turns_a_wait_into_sending_what_is_pending(
+    scenario: tuple[list[Pending], int, BatchRules], gap: int | None
+) -> None:
+    pending, now, r = scenario
+    fixed = next_batch(pending, now, r, gap)
+    adaptive = next_batch(pending, now, dataclasses.replace(r, adaptive_delay=True), gap)
+    if isinstance(fixed, Send) or not pending:
+        assert adaptive == fixed
+    elif gap is not None and gap > r.max_queue_delay_ns:
+        assert isinstance(adaptive, Send)
+        assert len(adaptive.indices) >= 1
+    else:
+        assert adaptive == fixed
+
+
+def test_arrival_gap_is_unknown_until_two_arrivals() -> None:
+    gaps = ArrivalGap(cap_ns=10**9)
+    assert gaps.mean_ns is None
+    gaps.observe(T0)
+    assert gaps.mean_ns is None
+    gaps.observe(T0 + 300 * US)
+    assert gaps.mean_ns == 300 * US
+
+
+def test_arrival_gap_is_a_running_mean() -> None:
+    gaps = ArrivalGap(cap_ns=10**9)
+    for t in (0, 800, 1600):
+        gaps.observe(T0 + t * US)
+    gaps.observe(T0 + 1600 * US + 1600 * US)
+    assert gaps.mean_ns == 800 * US + (1600 - 800) * US * ArrivalGap.WEIGHT
+
+
+def test_arrival_gap_counts_an_arrival_out_of_order_as_no_gap() -> None:
+    gaps = ArrivalGap(cap_ns=10**9)
+    gaps.observe(T0 + 500 * US)
+    gaps.observe(T0)  # stamped earlier by another gateway
+    assert gaps.mean_ns == 0
+    gaps.observe(T0 + 600 * US)  # measured from the latest arrival seen
+    assert gaps.mean_ns == 100 * US * ArrivalGap.WEIGHT
+
+
+def test_after_a_quiet_spell_a_short_burst_brings_the_mean_under_the_delay() -> None:
+    delay = 1000 * US
+    gaps = ArrivalGap(cap_ns=2 * delay)
+    gaps.observe(T0)
+    gaps.observe(T0 + 3600 * 10**9)  # an hour of silence counts as twice the delay
+    assert gaps.mean_ns == 2 * delay
+    t = T0 + 3600 * 10**9
+    for _ in range(6):
+        t += 50 * US
+        gaps.observe(t)
+    assert gaps.mean_ns is not None and gaps.mean_ns < delay

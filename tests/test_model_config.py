@@ -45,6 +45,7 @@ def test_defaults_are_normalised(tmp_path: Path) -> None:
     assert spec.batching.preferred_batch_sizes == (8,)
     assert spec.batching.max_queue_delay_us == 0
     assert not spec.batching.preserve_ordering
+    assert spec.batching.adaptive_delay
     assert spec.version_policy == ("latest", (1,))
     assert (spec.instance_count, spec.instance_kind) == (1, "KIND_AUTO")
     assert (spec.intra_op_threads, spec.inter_op_threads) == (None, None)
@@ -140,6 +141,16 @@ def test_thread_count_parameters(tmp_path: Path) -> None:
         "INTER_OP_THREAD_COUNT": "0",
         "OTHER": "x",
     }
+
+
+def test_batch_delay_parameter_chooses_triton_s_fixed_wait(tmp_path: Path) -> None:
+    spec = load(
+        tmp_path,
+        'platform: "pytorch_libtorch" max_batch_size: 8 dynamic_batching {}'
+        + IO
+        + 'parameters { key: "BATCH_DELAY" value { string_value: "fixed" } }',
+    )
+    assert not spec.batching.adaptive_delay
 
 
 def test_instance_groups_are_summed(tmp_path: Path) -> None:
@@ -248,6 +259,10 @@ def test_unknown_field_names_file_and_line(tmp_path: Path) -> None:
                 '{ string_value: "many" } }'
             ),
             "parameters.INTRA_OP_THREAD_COUNT: must be an integer, got 'many'",
+        ),
+        (
+            'backend: "pytorch" parameters { key: "BATCH_DELAY" value { string_value: "soon" } }',
+            "parameters.BATCH_DELAY: must be 'adaptive' or 'fixed', got 'soon'",
         ),
     ],
 )

@@ -2,7 +2,10 @@
 
 It returns "send these now" or "wait this long"; the worker loop does the I/O and the sleeping.
 Unlike Triton, requests whose variable dims differ are grouped by shape rather than cutting
-the batch at the first mismatch: each group is judged on its own, oldest group first.
+the batch at the first mismatch: each group is judged on its own, oldest group first. And
+with an adaptive delay (sluice's default), a batch that would wait is sent at once while the
+model's requests arrive further apart than the delay: waiting then costs the delay and, on
+average, brings less than one more request. The delay stays a ceiling, never a floor.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ class BatchRules:
     dynamic: bool
     max_queue_delay_ns: int
     preferred_batch_sizes: frozenset[int]
+    #: skip the wait while arrivals are further apart than the delay (False: Triton's wait).
+    adaptive_delay: bool = False
 
     @property
     def max_preferred(self) -> int:
@@ -51,8 +56,39 @@ class Wait:
     ns: int | None
 
 
-def next_batch(pending: Sequence[Pending], now_ns: int, rules: BatchRules) -> Send | Wait:
-    """The batch to run now, or how long to wait for one (None: until a request arrives)."""
+class ArrivalGap:
+    """A running mean of the gap between a model's arrivals, each gap capped at `cap_ns`.
+
+    The cap keeps one long quiet spell from hiding the burst that follows it: a few close
+    arrivals bring the mean back under the delay.
+    """
+
+    WEIGHT = 0.125
+
+    def __init__(self, cap_ns: int) -> None:
+        self.cap_ns = cap_ns
+        #: None until two arrivals were seen.
+        self.mean_ns: float | None = None
+        self._last_ns: int | None = None
+
+    def observe(self, at_ns: int) -> None:
+        last = self._last_ns
+        if last is None or at_ns > last:
+            self._last_ns = at_ns
+        if last is None:
+            return
+        gap = min(max(0, at_ns - last), self.cap_ns)
+        mean = self.mean_ns
+        self.mean_ns = gap if mean is None else mean + (gap - mean) * self.WEIGHT
+
+
+def next_batch(
+    pending: Sequence[Pending], now_ns: int, rules: BatchRules, arrival_gap_ns: float | None = None
+) -> Send | Wait:
+    """The batch to run now, or how long to wait for one (None: until a request arrives).
+
+    `arrival_gap_ns` is the mean gap between recent arrivals (None: not known yet).
+    """
     if not pending:
         return Wait(None)
     if not rules.dynamic or rules.max_batch_size == 0:
@@ -62,7 +98,7 @@ def next_batch(pending: Sequence[Pending], now_ns: int, rules: BatchRules) -> Se
         groups.setdefault(item.group, []).append(index)
     shortest_wait: int | None = None
     for members in groups.values():
-        decision = _judge_group(pending, members, now_ns, rules)
+        decision = _judge_group(pending, members, now_ns, rules, arrival_gap_ns)
         if isinstance(decision, Send):
             return decision
         if shortest_wait is None or (decision.ns is not None and decision.ns < shortest_wait):
@@ -71,7 +107,11 @@ def next_batch(pending: Sequence[Pending], now_ns: int, rules: BatchRules) -> Se
 
 
 def _judge_group(
-    pending: Sequence[Pending], members: list[int], now_ns: int, rules: BatchRules
+    pending: Sequence[Pending],
+    members: list[int],
+    now_ns: int,
+    rules: BatchRules,
+    arrival_gap_ns: float | None,
 ) -> Send | Wait:
     """Triton's scan over one shape group, FIFO; requests are never split."""
     size = 0
@@ -96,5 +136,7 @@ def _judge_group(
     if mark is not None and not delay_exceeded:
         return Send(tuple(members[:mark]))
     if full or size >= rules.max_preferred or delay_exceeded or delay == 0:
+        return Send(tuple(members[:taken]))
+    if rules.adaptive_delay and arrival_gap_ns is not None and arrival_gap_ns > delay:
         return Send(tuple(members[:taken]))
     return Wait(delay - age)

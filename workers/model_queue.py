@@ -32,7 +32,7 @@ from shared.queue_policy import QueuePolicy, deadline_us
 from shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS
 from shared.signature import Signature, validate_inputs
 from shared.stats import BatchStats, failure_increments
-from workers.batcher import BatchRules, Pending, Send, next_batch
+from workers.batcher import ArrivalGap, BatchRules, Pending, Send, next_batch
 from workers.execution import run_batch
 from workers.models import Infer
 from workers.pending import PendingQueue, Queued
@@ -52,6 +52,7 @@ def batch_rules(spec: ModelSpec) -> BatchRules:
         dynamic=policy.dynamic,
         max_queue_delay_ns=policy.max_queue_delay_us * 1000,
         preferred_batch_sizes=frozenset(policy.preferred_batch_sizes),
+        adaptive_delay=policy.adaptive_delay,
     )
 
 
@@ -72,6 +73,8 @@ class ModelQueue:
         self.spec = spec
         self.signature = Signature.from_config(spec.config_json)
         self.rules = batch_rules(spec)
+        #: gaps beyond twice the delay say no more about whether waiting would pay.
+        self.arrivals = ArrivalGap(cap_ns=2 * self.rules.max_queue_delay_ns)
         self.policy = QueuePolicy.from_config(spec.config_json)
         self.instances = instances
         self.default_version = max(instances)
@@ -257,6 +260,8 @@ class ModelQueue:
         )
         group = ("alone", request.id) if alone else (request.version, shapes)
         start = min(request.enqueue_ns, now)
+        if not alone:
+            self.arrivals.observe(start)
         item.pending = Pending(group, size, start)
         timeout_us = self.policy.queue_timeout_us(item.level, request.parameters)
         if timeout_us:
@@ -293,7 +298,7 @@ class ModelQueue:
             await self._expire(now)
             if not self.pending:
                 continue
-            decision = next_batch(self.pending.pendings(), now, self.rules)
+            decision = next_batch(self.pending.pendings(), now, self.rules, self.arrivals.mean_ns)
             if isinstance(decision, Send) or self.stopping:
                 indices = decision.indices if isinstance(decision, Send) else (0,)
                 lane = self.free_lanes.pop()

@@ -1,0 +1,57 @@
+"""A worker skips the batching delay while its model's requests arrive further apart than it."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import redis
+
+from shared import keys
+from shared.protocol import encode_requests
+from tests.streams import collect_results, int_request, start_worker
+
+#: ten minutes: a request that waited it out would outlast the test.
+DELAY_US = 600_000_000
+
+CONFIG = f"""
+name: "plus"
+backend: "python"
+max_batch_size: 4
+input [ {{ name: "IN", data_type: TYPE_INT64, dims: [ 1 ] }} ]
+output [ {{ name: "OUT", data_type: TYPE_INT64, dims: [ 1 ] }} ]
+dynamic_batching {{ max_queue_delay_microseconds: {DELAY_US} }}
+"""
+
+MODEL = textwrap.dedent("""
+    class Model:
+        def __init__(self, context):
+            pass
+
+        def infer(self, inputs):
+            return {"OUT": inputs["IN"] + 1}
+""")
+
+
+def test_a_request_after_a_quiet_spell_runs_without_waiting_the_delay(
+    tmp_path: Path, redis_url: str
+) -> None:
+    (tmp_path / "plus" / "1").mkdir(parents=True)
+    (tmp_path / "plus" / "config.pbtxt").write_text(CONFIG)
+    (tmp_path / "plus" / "1" / "model.py").write_text(MODEL)
+    client = redis.Redis.from_url(redis_url)
+    stream = keys.request_stream("plus")
+    reply_to = keys.reply_stream("test")
+    worker = start_worker(tmp_path, redis_url)
+    try:
+        earlier = int_request(0, reply_to)
+        earlier.enqueue_ns -= 2 * DELAY_US * 1000  # already past its delay: it runs at once
+        client.xadd(stream, encode_requests([earlier]))
+        assert collect_results(client, reply_to, 1) == [("r0", 1)]
+        # twenty minutes since the last arrival: waiting ten would not bring another request
+        client.xadd(stream, encode_requests([int_request(1, reply_to)]))
+        assert collect_results(client, reply_to, 2) == [("r0", 1), ("r1", 2)]
+    finally:
+        worker.terminate()
+        assert worker.wait(30) == 0
+        client.close()
