@@ -144,13 +144,17 @@ def _tensor(name: str, datatype: str, array: np.ndarray) -> Tensor:
     return Tensor(name, datatype, tuple(array.shape), data)
 
 
+#: each request's output tensors, and the batch's phase timings.
+BatchOutputs = tuple[list[list[Tensor]], BatchTiming]
+
+
 def run_batch(
     spec: ModelSpec,
     infer: Infer,
     requests: Sequence[Request],
     sizes: Sequence[int],
     device: torch.device,
-) -> tuple[list[list[Tensor]], BatchTiming]:
+) -> BatchOutputs:
     """Run one batch on one instance; called in the instance's thread."""
     timing = BatchTiming()
     t0 = time.perf_counter_ns()

@@ -33,7 +33,7 @@ from shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS
 from shared.signature import Signature, validate_inputs
 from shared.stats import BatchStats, failure_increments
 from workers.batcher import ArrivalGap, BatchRules, Pending, Send, next_batch
-from workers.execution import run_batch
+from workers.execution import BatchOutputs, run_batch
 from workers.models import Infer
 from workers.pending import PendingQueue, Queued
 from workers.publisher import RETRY_DELAYS_S, Publisher
@@ -201,6 +201,9 @@ class ModelQueue:
                 await asyncio.sleep(delay)
                 continue
             await self._admit_reply(reply)
+            # let the batch loop hand what was just read to an instance before this loop's
+            # next read, whose Python would otherwise delay the batch's start
+            await asyncio.sleep(0)
 
     async def _admit_reply(self, reply: Any) -> None:
         now = time.time_ns()
@@ -301,8 +304,7 @@ class ModelQueue:
             decision = next_batch(self.pending.pendings(), now, self.rules, self.arrivals.mean_ns)
             if isinstance(decision, Send) or self.stopping:
                 indices = decision.indices if isinstance(decision, Send) else (0,)
-                lane = self.free_lanes.pop()
-                self._spawn(self._execute(lane, self.pending.take(indices)))
+                self._launch(self.free_lanes.pop(), self.pending.take(indices))
                 self._update_room()
                 continue
             await self._sleep(now, decision.ns)
@@ -348,14 +350,29 @@ class ModelQueue:
         self._running.add(task)
         task.add_done_callback(self._running.discard)
 
-    async def _execute(self, lane: int, batch: list[Queued]) -> None:
-        requests = [q.request for q in batch]
+    def _launch(self, lane: int, batch: list[Queued]) -> None:
+        """Start the batch on its instance's thread now, within the batch loop's turn."""
         started = time.time_ns()
+        running = self._start(lane, batch)
+        self._spawn(self._execute(lane, batch, started, running))
+
+    def _start(self, lane: int, batch: Sequence[Queued]) -> asyncio.Future[BatchOutputs]:
+        requests = [q.request for q in batch]
+        sizes = [q.pending.batch_size for q in batch]
+        infer = self.instances[requests[0].version][lane]
+        return asyncio.get_running_loop().run_in_executor(
+            self._pool, run_batch, self.spec, infer, requests, sizes, self.device
+        )
+
+    async def _execute(
+        self, lane: int, batch: list[Queued], started: int, running: asyncio.Future[BatchOutputs]
+    ) -> None:
+        requests = [q.request for q in batch]
         stats = BatchStats(
             requests[0].version, sum(q.pending.batch_size for q in batch), started // 1_000_000
         )
         stats.queue_samples_ns = [max(0, started - r.enqueue_ns) for r in requests]
-        results = await self._run_isolating(lane, batch, stats)
+        results = await self._run_isolating(lane, batch, stats, running)
         failed = sum(r.error is not None for r in results)
         stats.requests_ok, stats.requests_failed = len(results) - failed, failed
         finished = time.time_ns()
@@ -370,16 +387,17 @@ class ModelQueue:
         self.batches_done += 1
 
     async def _run_isolating(
-        self, lane: int, batch: Sequence[Queued], stats: BatchStats
+        self,
+        lane: int,
+        batch: Sequence[Queued],
+        stats: BatchStats,
+        running: asyncio.Future[BatchOutputs] | None = None,
     ) -> list[Result]:
-        """Run a batch; if the model raises, re-run the halves so only the culprit fails."""
+        """Run a batch (or await its run, already started); if the model raises, re-run the
+        halves so only the culprit fails."""
         requests = [q.request for q in batch]
-        sizes = [q.pending.batch_size for q in batch]
-        infer = self.instances[requests[0].version][lane]
         try:
-            outputs, timing = await asyncio.get_running_loop().run_in_executor(
-                self._pool, run_batch, self.spec, infer, requests, sizes, self.device
-            )
+            outputs, timing = await (running if running is not None else self._start(lane, batch))
         except Exception as exc:  # the model's own failure, reported to its request
             if len(batch) > 1:
                 middle = len(batch) // 2
