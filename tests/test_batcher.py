@@ -332,6 +332,18 @@ def test_adaptive_delay_still_sends_the_largest_preferred_size_only() -> None:
     assert next_batch(pending, T0, r, arrival_gap_ns=10**12) == Send((0, 1))
 
 
+def test_adaptive_delay_still_lets_a_full_later_group_go_first() -> None:
+    pending = [Pending("b", 1, T0), Pending("a", 1, T0), Pending("a", 1, T0)]
+    r = rules(max_batch_size=2, delay_us=1000, adaptive=True)
+    assert next_batch(pending, T0, r, arrival_gap_ns=10**12) == Send((1, 2))
+
+
+def test_adaptive_delay_sends_the_oldest_group_when_none_is_due() -> None:
+    pending = [Pending("b", 1, T0), Pending("a", 1, T0 + US), Pending("b", 1, T0 + 2 * US)]
+    r = rules(max_batch_size=4, delay_us=1000, adaptive=True)
+    assert next_batch(pending, T0 + 10 * US, r, arrival_gap_ns=10**12) == Send((0, 2))
+
+
 @given(scenarios(), st.one_of(st.none(), st.integers(0, 10**10)))
 def test_adaptive_delay_only_ever_turns_a_wait_into_sending_what_is_pending(
     scenario: tuple[list[Pending], int, BatchRules], gap: int | None
@@ -342,8 +354,11 @@ def test_adaptive_delay_only_ever_turns_a_wait_into_sending_what_is_pending(
     if isinstance(fixed, Send) or not pending:
         assert adaptive == fixed
     elif gap is not None and gap > r.max_queue_delay_ns:
+        # the oldest group, in FIFO order, as much of it as fits
         assert isinstance(adaptive, Send)
-        assert len(adaptive.indices) >= 1
+        oldest = [i for i, p in enumerate(pending) if p.group == pending[0].group]
+        assert adaptive.indices and list(adaptive.indices) == oldest[: len(adaptive.indices)]
+        assert sum(pending[i].batch_size for i in adaptive.indices) <= r.max_batch_size
     else:
         assert adaptive == fixed
 

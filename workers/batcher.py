@@ -3,9 +3,10 @@
 It returns "send these now" or "wait this long"; the worker loop does the I/O and the sleeping.
 Unlike Triton, requests whose variable dims differ are grouped by shape rather than cutting
 the batch at the first mismatch: each group is judged on its own, oldest group first. And
-with an adaptive delay (sluice's default), a batch that would wait is sent at once while the
-model's requests arrive further apart than the delay: waiting then costs the delay and, on
-average, brings less than one more request. The delay stays a ceiling, never a floor.
+with an adaptive delay (sluice's default), when no group is due but the model's requests
+arrive further apart than the delay, the oldest group goes at once instead of waiting:
+waiting would cost the delay and, on average, bring less than one more request. The delay
+stays a ceiling, never a floor.
 """
 
 from __future__ import annotations
@@ -98,11 +99,15 @@ def next_batch(
         groups.setdefault(item.group, []).append(index)
     shortest_wait: int | None = None
     for members in groups.values():
-        decision = _judge_group(pending, members, now_ns, rules, arrival_gap_ns)
+        decision = _judge_group(pending, members, now_ns, rules)
         if isinstance(decision, Send):
             return decision
         if shortest_wait is None or (decision.ns is not None and decision.ns < shortest_wait):
             shortest_wait = decision.ns
+    sparse = arrival_gap_ns is not None and arrival_gap_ns > rules.max_queue_delay_ns
+    if rules.adaptive_delay and sparse:
+        # nothing is due, and waiting would not bring another request: the oldest group goes
+        return _judge_group(pending, next(iter(groups.values())), now_ns, rules, send_now=True)
     return Wait(shortest_wait)
 
 
@@ -111,7 +116,7 @@ def _judge_group(
     members: list[int],
     now_ns: int,
     rules: BatchRules,
-    arrival_gap_ns: float | None,
+    send_now: bool = False,
 ) -> Send | Wait:
     """Triton's scan over one shape group, FIFO; requests are never split."""
     size = 0
@@ -135,8 +140,6 @@ def _judge_group(
     delay_exceeded = delay != 0 and age >= delay
     if mark is not None and not delay_exceeded:
         return Send(tuple(members[:mark]))
-    if full or size >= rules.max_preferred or delay_exceeded or delay == 0:
-        return Send(tuple(members[:taken]))
-    if rules.adaptive_delay and arrival_gap_ns is not None and arrival_gap_ns > delay:
+    if full or size >= rules.max_preferred or delay_exceeded or delay == 0 or send_now:
         return Send(tuple(members[:taken]))
     return Wait(delay - age)
