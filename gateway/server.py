@@ -21,6 +21,7 @@ from gateway.metrics import MetricsApp
 from gateway.model_table import ModelTable
 from shared.gc_tuning import settle_after_startup
 from shared.redis_client import REDIS_ERRORS, async_client
+from shared.tasks import stop_tasks
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +74,7 @@ async def serve_gateway(
         log.info("gateway stopping: answering in-flight requests")
         await http.shutdown(config.graceful_shutdown_s)
         await metrics.shutdown(1.0)
-        for task in background:
-            task.cancel()
-        await asyncio.gather(*background, return_exceptions=True)
+        await stop_tasks(background)
         await dispatcher.close()
         bulk.close()
         await table.remove_self()

@@ -28,6 +28,7 @@ from shared.registry import (
     now_ms,
 )
 from shared.repository import ModelEntry, scan_repository
+from shared.tasks import stop_tasks
 from workers.health import serve_health
 from workers.model_queue import ModelQueue
 from workers.models import Infer, choose_device, load_instance
@@ -254,9 +255,7 @@ class Worker:
                     loop.add_signal_handler(sig, stop.set)
                 await stop.wait()
         finally:
-            for task in helpers:
-                task.cancel()
-            await asyncio.gather(*helpers, return_exceptions=True)
+            await stop_tasks(helpers)
             if health is not None:
                 health.close()
             try:
