@@ -14,24 +14,18 @@ the average batch, and the adaptive / fixed p50 ratio.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from compare_triton import EXAMPLES, wait_ready  # noqa: E402
+from compare_triton import mlp_repository, serving  # noqa: E402
 
 from sluice.bench.loadgen import run_bench  # noqa: E402
 from sluice.bench.settings import BenchSettings, Mode, Target  # noqa: E402
-from sluice.embedded_redis import EmbeddedRedis  # noqa: E402
 
 MODES = ("fixed", "adaptive")
 PORT = 18800
@@ -41,28 +35,8 @@ Figures = tuple[float, float, float, float]
 
 def repository(mode: str) -> Path:
     """The example MLP with `BATCH_DELAY` set to `mode`."""
-    repo = Path(tempfile.mkdtemp()) / "models"
-    (repo / "mlp" / "1").mkdir(parents=True)
-    shutil.copy(EXAMPLES / "mlp" / "1" / "model.pt", repo / "mlp" / "1" / "model.pt")
-    config = (EXAMPLES / "mlp" / "config.pbtxt").read_text()
-    config += f'\nparameters: {{ key: "BATCH_DELAY" value: {{ string_value: "{mode}" }} }}\n'
-    (repo / "mlp" / "config.pbtxt").write_text(config)
-    return repo
-
-
-@contextlib.contextmanager
-def serving(repo: Path, port: int) -> Iterator[Target]:
-    with EmbeddedRedis() as redis_server:
-        command = [sys.executable, "-m", "sluice", "serve", "--model-repository", str(repo)]
-        command += ["--redis-url", redis_server.url, "--http-port", str(port)]
-        command += ["--metrics-port", str(port + 2), "--log-level", "warning"]
-        serve = subprocess.Popen(command)
-        try:
-            wait_ready(f"127.0.0.1:{port}")
-            yield Target("127.0.0.1", port, "mlp")
-        finally:
-            serve.terminate()
-            serve.wait(60)
+    parameter = f'parameters: {{ key: "BATCH_DELAY" value: {{ string_value: "{mode}" }} }}'
+    return mlp_repository(lambda config: f"{config}\n{parameter}\n")
 
 
 def measure(target: Target, mode: Mode, level: float) -> Figures:
@@ -84,7 +58,9 @@ def main() -> None:
     figures: dict[tuple[str, int], list[Figures]] = defaultdict(list)
     for round_ in range(args.rounds):
         for mode in MODES if round_ % 2 == 0 else MODES[::-1]:
-            with serving(repository(mode), PORT + 10 * round_) as target:
+            with serving(repository(mode), PORT + 10 * round_) as (url, _):
+                host, port = url.rsplit(":", 1)
+                target = Target(host, int(port), "mlp")
                 for index, (kind, level) in enumerate(loads):
                     figures[(mode, index)].append(measure(target, kind, level))
                     p50, p99, queue, batch = figures[(mode, index)][-1]

@@ -13,6 +13,7 @@ Load comes from Triton's perf_analyzer when available (sync HTTP, batch 1), else
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import datetime
 import itertools
@@ -26,6 +27,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import redis
@@ -179,45 +181,42 @@ def run_load(url: str, concurrency: int, label: str, rclient: redis.Redis | None
     return record
 
 
-def mbs1_repository() -> Path:
+def mlp_repository(edit: Callable[[str], str]) -> Path:
+    """A copy of the example MLP whose config.pbtxt is `edit(config)`."""
     repo = Path(tempfile.mkdtemp()) / "models"
     (repo / "mlp" / "1").mkdir(parents=True)
     shutil.copy(EXAMPLES / "mlp" / "1" / "model.pt", repo / "mlp" / "1" / "model.pt")
-    config = (EXAMPLES / "mlp" / "config.pbtxt").read_text()
     (repo / "mlp" / "config.pbtxt").write_text(
-        config.replace("max_batch_size: 64", "max_batch_size: 1")
+        edit((EXAMPLES / "mlp" / "config.pbtxt").read_text())
     )
     return repo
 
 
-def sluice_sweep(repo: Path, label: str, levels: list[int], port: int) -> list[dict]:
+def mbs1_repository() -> Path:
+    return mlp_repository(lambda config: config.replace("max_batch_size: 64", "max_batch_size: 1"))
+
+
+@contextlib.contextmanager
+def serving(repo: Path, port: int) -> Iterator[tuple[str, str]]:
+    """`sluice serve` on `repo` with its own embedded Redis: (host:port, Redis URL)."""
     with EmbeddedRedis() as server:
-        serve = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "sluice",
-                "serve",
-                "--model-repository",
-                str(repo),
-                "--redis-url",
-                server.url,
-                "--http-port",
-                str(port),
-                "--metrics-port",
-                str(port + 2),
-                "--log-level",
-                "warning",
-            ],
-        )
+        command = [sys.executable, "-m", "sluice", "serve", "--model-repository", str(repo)]
+        command += ["--redis-url", server.url, "--http-port", str(port)]
+        command += ["--metrics-port", str(port + 2), "--log-level", "warning"]
+        serve = subprocess.Popen(command)
         url = f"127.0.0.1:{port}"
         try:
             wait_ready(url)
-            client = redis.Redis.from_url(server.url)
-            return [run_load(url, c, label, client) for c in levels]
+            yield url, server.url
         finally:
             serve.terminate()
             serve.wait(60)
+
+
+def sluice_sweep(repo: Path, label: str, levels: list[int], port: int) -> list[dict]:
+    with serving(repo, port) as (url, redis_url):
+        client = redis.Redis.from_url(redis_url)
+        return [run_load(url, c, label, client) for c in levels]
 
 
 def wait_ready(url: str, timeout_s: float = 120) -> None:
