@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -43,11 +45,16 @@ GATED_MODEL = textwrap.dedent('''
 ''')
 
 
-def write_gated_repo(root: Path, max_batch: int) -> Path:
-    (root / "gated" / "1").mkdir(parents=True)
-    (root / "gated" / "config.pbtxt").write_text(GATED_CONFIG.format(max_batch=max_batch))
-    (root / "gated" / "1" / "model.py").write_text(GATED_MODEL)
+def write_python_model(root: Path, name: str, config: str, model: str) -> Path:
+    """A repository at `root` holding version 1 of a python-backend model."""
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "config.pbtxt").write_text(config)
+    (root / name / "1" / "model.py").write_text(model)
     return root
+
+
+def write_gated_repo(root: Path, max_batch: int) -> Path:
+    return write_python_model(root, "gated", GATED_CONFIG.format(max_batch=max_batch), GATED_MODEL)
 
 
 def int_request(i: int, reply_to: str) -> Request:
@@ -72,6 +79,17 @@ def start_worker(repo: Path, redis_url: str, *extra: str) -> subprocess.Popen[by
         ],
         env={**os.environ, "GATE_REDIS_URL": redis_url},
     )
+
+
+@contextlib.contextmanager
+def running_worker(repo: Path, redis_url: str, *extra: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A worker for the block, which must then stop cleanly on SIGTERM."""
+    worker = start_worker(repo, redis_url, *extra)
+    try:
+        yield worker
+    finally:
+        worker.terminate()
+        assert worker.wait(30) == 0
 
 
 def collect_results(client: redis.Redis, reply_to: str, expected: int) -> list[tuple[str, int]]:

@@ -23,6 +23,7 @@ from tests.streams import (
     request_stream,
     start_worker,
     write_gated_repo,
+    write_python_model,
 )
 
 RECOVERY = ("--claim-idle-ms", "600", "--max-deliveries", "2")
@@ -85,10 +86,7 @@ POISON_MODEL = textwrap.dedent('''
 
 @pytest.fixture
 def fragile_repo(tmp_path: Path) -> Path:
-    (tmp_path / "fragile" / "1").mkdir(parents=True)
-    (tmp_path / "fragile" / "config.pbtxt").write_text(POISON_CONFIG)
-    (tmp_path / "fragile" / "1" / "model.py").write_text(POISON_MODEL)
-    return tmp_path
+    return write_python_model(tmp_path, "fragile", POISON_CONFIG, POISON_MODEL)
 
 
 def _infer(client: httpclient.InferenceServerClient, value: int) -> httpclient.InferAsyncRequest:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import textwrap
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import redis
 
 from shared import keys
 from shared.protocol import encode_requests
-from tests.streams import collect_results, int_request, start_worker
+from tests.streams import collect_results, int_request, running_worker, write_python_model
 
 #: ten minutes: a request that waited it out would outlast the test.
 DELAY_US = 600_000_000
@@ -36,14 +37,11 @@ MODEL = textwrap.dedent("""
 def test_a_request_after_a_quiet_spell_runs_without_waiting_the_delay(
     tmp_path: Path, redis_url: str
 ) -> None:
-    (tmp_path / "plus" / "1").mkdir(parents=True)
-    (tmp_path / "plus" / "config.pbtxt").write_text(CONFIG)
-    (tmp_path / "plus" / "1" / "model.py").write_text(MODEL)
+    repo = write_python_model(tmp_path, "plus", CONFIG, MODEL)
     client = redis.Redis.from_url(redis_url)
     stream = keys.request_stream("plus")
     reply_to = keys.reply_stream("test")
-    worker = start_worker(tmp_path, redis_url)
-    try:
+    with running_worker(repo, redis_url), contextlib.closing(client):
         earlier = int_request(0, reply_to)
         earlier.enqueue_ns -= 2 * DELAY_US * 1000  # already past its delay: it runs at once
         client.xadd(stream, encode_requests([earlier]))
@@ -51,7 +49,3 @@ def test_a_request_after_a_quiet_spell_runs_without_waiting_the_delay(
         # twenty minutes since the last arrival: waiting ten would not bring another request
         client.xadd(stream, encode_requests([int_request(1, reply_to)]))
         assert collect_results(client, reply_to, 2) == [("r0", 1), ("r1", 2)]
-    finally:
-        worker.terminate()
-        assert worker.wait(30) == 0
-        client.close()

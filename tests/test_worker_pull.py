@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import redis
@@ -13,7 +14,7 @@ from tests.streams import (
     collect_results,
     int_request,
     request_stream,
-    start_worker,
+    running_worker,
     write_gated_repo,
 )
 
@@ -34,8 +35,7 @@ def test_worker_reads_one_batch_ahead_while_its_instance_is_busy(
     stream = request_stream()
     for i in range(REQUESTS):
         client.xadd(stream, encode_requests([int_request(i, reply_to)]))
-    worker = start_worker(repo, redis_url)
-    try:
+    with running_worker(repo, redis_url), contextlib.closing(client):
         _, first = client.blpop("entered", timeout=60)
         assert int(first) == MAX_BATCH
         # the instance is held: the next batch is read ahead, and nothing beyond it
@@ -47,7 +47,3 @@ def test_worker_reads_one_batch_ahead_while_its_instance_is_busy(
         assert results == {f"r{i}": i + 1 for i in range(REQUESTS)}
         assert client.xpending(stream, keys.WORKER_GROUP)["pending"] == 0
         assert client.xlen(stream) == 0  # answered entries are acknowledged and deleted
-    finally:
-        worker.terminate()
-        assert worker.wait(30) == 0
-        client.close()

@@ -148,6 +148,17 @@ def _tensor(name: str, datatype: str, array: np.ndarray) -> Tensor:
 BatchOutputs = tuple[list[list[Tensor]], BatchTiming]
 
 
+def adopt_torch_threads() -> None:
+    """Give a new instance thread the process's torch thread count.
+
+    OpenMP keeps its thread count per thread, and torch applies its own count to a new
+    thread only on the first operator large enough to split. Until then MKL runs every
+    matrix product of small batches on a team of all the cores, whatever
+    INTRA_OP_THREAD_COUNT says, and the team's spare thread spins between products.
+    """
+    torch.set_num_threads(torch.get_num_threads())
+
+
 def run_batch(
     spec: ModelSpec,
     infer: Infer,

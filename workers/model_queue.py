@@ -33,7 +33,7 @@ from shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS
 from shared.signature import Signature, validate_inputs
 from shared.stats import BatchStats, failure_increments
 from workers.batcher import ArrivalGap, BatchRules, Pending, Send, next_batch
-from workers.execution import BatchOutputs, run_batch
+from workers.execution import BatchOutputs, adopt_torch_threads, run_batch
 from workers.models import Infer
 from workers.pending import PendingQueue, Queued
 from workers.publisher import RETRY_DELAYS_S, Publisher
@@ -93,7 +93,9 @@ class ModelQueue:
         self.batches_done = 0
         self.stopping = False
         self._seq = itertools.count()
-        self._pool = ThreadPoolExecutor(spec.instance_count, thread_name_prefix=spec.name)
+        self._pool = ThreadPoolExecutor(
+            spec.instance_count, thread_name_prefix=spec.name, initializer=adopt_torch_threads
+        )
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
