@@ -192,6 +192,7 @@ def serve(
             embedded_redis=redis_url is None,
             worker_args=worker_args,
             bulk_workers=bulk_workers,
+            log_level=log_level,
         )
     )
 

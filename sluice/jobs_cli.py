@@ -208,12 +208,21 @@ def result(redis_url: str, bulk_id: str, output: Path, wait: bool) -> None:
 @jobs.command()
 @redis_option
 @click.option("--burst", is_flag=True, help="Exit once the queue is empty.")
-def worker(redis_url: str, burst: bool) -> None:
+@click.option(
+    "--log-level",
+    envvar="SLUICE_LOG_LEVEL",
+    show_envvar=True,
+    default="info",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    help="Log level (rq's own messages included).",
+)
+def worker(redis_url: str, burst: bool, log_level: str) -> None:
     """Run an rq worker for bulk jobs (any number, on any host that reaches the Redis)."""
     from workers.bulk import MAINTENANCE_S, BulkWorker
 
     logging.basicConfig(
-        level="INFO", format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s"
+        level=log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
     )
     connection = _connect(redis_url)
     rq_worker = BulkWorker(
@@ -222,4 +231,4 @@ def worker(redis_url: str, burst: bool) -> None:
         serializer=bulk_queue(connection).serializer,
         maintenance_interval=MAINTENANCE_S,
     )
-    rq_worker.work(burst=burst, with_scheduler=False)
+    rq_worker.work(burst=burst, with_scheduler=False, logging_level=log_level.upper())

@@ -39,6 +39,8 @@ class ServeConfig:
     worker_args: tuple[str, ...] = ()
     #: rq workers running bulk jobs (`sluice jobs worker`).
     bulk_workers: int = 1
+    #: of every process serve starts.
+    log_level: str = "info"
 
 
 def worker_argv(repository: Path, redis_url: str, extra: tuple[str, ...] = ()) -> list[str]:
@@ -53,8 +55,8 @@ def worker_argv(repository: Path, redis_url: str, extra: tuple[str, ...] = ()) -
     ]
 
 
-def bulk_worker_argv(redis_url: str) -> list[str]:
-    return [*SLUICE, "jobs", "worker", "--redis-url", redis_url]
+def bulk_worker_argv(redis_url: str, log_level: str) -> list[str]:
+    return [*SLUICE, "jobs", "worker", "--redis-url", redis_url, "--log-level", log_level]
 
 
 class WorkerPool:
@@ -102,13 +104,18 @@ async def _serve(config: ServeConfig) -> None:
     redis_url = config.gateway.redis_url
     pools = [
         WorkerPool(
-            config.workers, worker_argv(config.model_repository, redis_url, config.worker_args)
+            config.workers,
+            worker_argv(
+                config.model_repository,
+                redis_url,
+                (*config.worker_args, "--log-level", config.log_level),
+            ),
         ),
     ]
     if split_cluster_flag(redis_url)[1]:
         log.warning("bulk jobs are off: rq needs a Redis that is not a cluster")
     else:
-        pools.append(WorkerPool(config.bulk_workers, bulk_worker_argv(redis_url)))
+        pools.append(WorkerPool(config.bulk_workers, bulk_worker_argv(redis_url, config.log_level)))
     for pool in pools:
         pool.start()
     host, port = config.gateway.host, config.gateway.http_port

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
+import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from tests.conftest import start_service, stop_service
+from tests.conftest import free_port, start_service, stop_service, wait_until
 
 
 def _descendants(pid: int) -> set[int]:
@@ -54,3 +57,36 @@ def test_serve_starts_redis_and_workers_and_leaves_nothing(
     assert service.process.wait(60) == 0
     stop_service(service)
     assert not [pid for pid in children if _alive(pid)]
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{url}/v2/health/ready", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def test_serve_log_level_applies_to_every_process_it_starts(model_repo: Path) -> None:
+    http_port, metrics_port = free_port(), free_port()
+    command = [sys.executable, "-m", "sluice", "serve", "--model-repository", str(model_repo)]
+    command += ["--http-port", str(http_port), "--metrics-port", str(metrics_port)]
+    process = subprocess.Popen(
+        [*command, "--log-level", "warning"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        url = f"127.0.0.1:{http_port}"
+        wait_until(lambda: _ready(url), "the service to be ready")
+        client = httpclient.InferenceServerClient(url)
+        inp = httpclient.InferInput("IN", [1, 4], "FP32")
+        inp.set_data_from_numpy(np.ones((1, 4), np.float32))
+        assert client.infer("batch8", [inp]).as_numpy("OUT") is not None
+        client.close()
+    finally:
+        process.terminate()
+        output, _ = process.communicate(timeout=60)
+    assert process.returncode == 0
+    assert not [line for line in output.splitlines() if " INFO " in line]
