@@ -3,7 +3,9 @@
 Measures (a) the model alone in-process (batch 1/8/32/64, torch 1 thread); (b) sluice at
 each concurrency with dynamic batching and with max_batch_size 1; (c) the same load against
 PyTriton (Triton's C++ dynamic batcher) when its anchor environment is installed
-(`bash ../shared/anchor/setup.sh`); then prints the ratios and writes benchmarks/RESULTS.md.
+(`bash ../shared/anchor/setup.sh`); (d) sluice at c=1 on an identity model with the MLP's
+signature, so that p50 at c=1 splits into sluice's own path and the model as it runs in
+place; then prints the ratios and writes benchmarks/RESULTS.md.
 Load comes from Triton's perf_analyzer when available (sync HTTP, batch 1), else from
 `sluice bench`.
 
@@ -196,6 +198,18 @@ def mbs1_repository() -> Path:
     return mlp_repository(lambda config: config.replace("max_batch_size: 64", "max_batch_size: 1"))
 
 
+class _Identity(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+
+def identity_repository() -> Path:
+    """The MLP's config and signature with a model that does no work: sluice's own path."""
+    repo = mlp_repository(lambda config: config)
+    torch.jit.script(_Identity()).save(str(repo / "mlp" / "1" / "model.pt"))
+    return repo
+
+
 @contextlib.contextmanager
 def serving(repo: Path, port: int) -> Iterator[tuple[str, str]]:
     """`sluice serve` on `repo` with its own embedded Redis: (host:port, Redis URL)."""
@@ -289,6 +303,13 @@ def report(bound: dict[int, float], rows: list[dict]) -> str:
             f"p50 at c=1 minus model time: {first['p50_ms'] - model_ms:.2f} ms "
             f"(model {model_ms:.2f} ms).",
         ]
+        in_place, identity = first.get("compute_ms"), by.get(("sluice-identity", 1))
+        if in_place is not None and identity is not None:
+            lines += [
+                f"At c=1 the server's compute time per forward was {in_place:.2f} ms; with an "
+                f"identity model of the same signature (sluice's own path), p50 at c=1 was "
+                f"{identity['p50_ms']:.2f} ms.",
+            ]
     return "\n".join(lines) + "\n"
 
 
@@ -305,6 +326,8 @@ def main() -> None:
     print("model-bound:", {b: round(v) for b, v in bound.items()}, flush=True)
     rows = sluice_sweep(EXAMPLES, "sluice", levels, 18700)
     rows += sluice_sweep(mbs1_repository(), "sluice-mbs1", [c for c in levels if c >= 32], 18710)
+    if 1 in levels:
+        rows += sluice_sweep(identity_repository(), "sluice-identity", [1], 18730)
     if not args.skip_triton:
         rows += triton_sweep(64, "triton", levels, 18720)
     text = report(bound, rows)

@@ -2,14 +2,15 @@
 
 A request at c=1 wakes a sleeping thread eight times on its way through sluice: client →
 gateway → Redis → worker loop → instance thread → worker loop → Redis → gateway → client.
-The two between the gateway and the worker fall inside the batching delay (it counts from
-the gateway's enqueue); the other six add to the model time and the delay: four direct
-wakes (client → gateway, loop → instance thread and back, gateway → client) and one hop
-through Redis (the worker's XADD answering the gateway's blocked XREAD). Each wake of an
-idle process costs what the kernel (and, in a VM, the hypervisor) charges to get another
-CPU running. This measures a wake on a pipe between two processes, on one CPU and across
-two, and the Redis hop between two redis-py clients, each after an idle gap as at c=1, and
-prints the floor they set under p50 at c=1 before sluice's own code runs.
+At c=1 the adaptive batching delay sends each request at once, so all of them add to the
+model time: four direct wakes (client → gateway, loop → instance thread and back, gateway
+→ client) and two hops through Redis (the gateway's XADD answering the worker's blocked
+XREADGROUP, the worker's XADD answering the gateway's blocked XREAD; with `BATCH_DELAY
+fixed` the first falls inside the delay). Each wake of an idle process costs what the
+kernel (and, in a VM, the hypervisor) charges to get another CPU running. This measures a
+wake on a pipe between two processes, on one CPU and across two, and the Redis hop between
+two redis-py clients, each after an idle gap as at c=1, and prints the floor they set under
+p50 at c=1 before sluice's own code runs.
 
     python benchmarks/wakeup_floor.py
 """
@@ -28,8 +29,9 @@ from sluice.embedded_redis import EmbeddedRedis
 
 ROUNDS = 400
 IDLE_GAP_S = 0.003
-#: direct wakes on a request's path that the batching delay does not cover (see above).
+#: direct wakes and Redis hops on a request's path at c=1 (see above).
 DIRECT_WAKES = 4
+REDIS_HOPS = 2
 
 
 def pipe_round_trip_us(cpu_a: int, cpu_b: int) -> float:
@@ -93,10 +95,10 @@ def main() -> None:
     with EmbeddedRedis() as server:
         hop = xadd_to_blocked_xread_us(server.url)
     print(f"Redis hop: XADD -> a blocked XREAD returns in another process: {hop:.0f} µs")
-    floor_us = DIRECT_WAKES * cross / 2 + hop
+    floor_us = DIRECT_WAKES * cross / 2 + REDIS_HOPS * hop
     print(
-        f"floor at c=1 beyond model time + batching delay: {DIRECT_WAKES} wakes x "
-        f"{cross / 2:.0f} µs + one Redis hop {hop:.0f} µs = {floor_us / 1e3:.2f} ms"
+        f"floor at c=1 beyond model time: {DIRECT_WAKES} wakes x {cross / 2:.0f} µs + "
+        f"{REDIS_HOPS} Redis hops x {hop:.0f} µs = {floor_us / 1e3:.2f} ms"
     )
 
 
