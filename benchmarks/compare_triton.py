@@ -1,6 +1,7 @@
 """sluice against Triton's dynamic batcher on the reference MLP, side by side in one run.
 
-Measures (a) the model alone in-process (batch 1/8/32/64, torch 1 thread); (b) sluice at
+Measures (a) the model alone in-process (batch 1/8/32/64, torch 1 thread), before and
+after the servers run, as the machine's speed drifts (ratios use the mean); (b) sluice at
 each concurrency with dynamic batching and with max_batch_size 1; (c) the same load against
 PyTriton (Triton's C++ dynamic batcher) when its anchor environment is installed
 (`bash ../shared/anchor/setup.sh`); (d) sluice at c=1 on an identity model with the MLP's
@@ -262,7 +263,9 @@ def triton_sweep(mbs: int, label: str, levels: list[int], port: int) -> list[dic
         subprocess.run(["bash", str(ANCHOR / "stop_pytriton.sh")], env=env, check=False)
 
 
-def report(bound: dict[int, float], rows: list[dict]) -> str:
+def report(before: dict[int, float], after: dict[int, float], rows: list[dict]) -> str:
+    """The results table; ratios to the model alone use the mean of its two measurements."""
+    bound = {b: (before[b] + after[b]) / 2 for b in before}
     by = {(r["label"], r["concurrency"]): r for r in rows if "throughput" in r}
     levels = sorted({r["concurrency"] for r in rows})
     lines = [
@@ -270,8 +273,8 @@ def report(bound: dict[int, float], rows: list[dict]) -> str:
         f"{os.cpu_count()} cores, torch {torch.__version__}, load: "
         f"{rows[0].get('tool', '?') if rows else '?'})",
         "",
-        "Model alone, 1 thread: "
-        + ", ".join(f"b={b}: {v:,.0f}/s" for b, v in sorted(bound.items())),
+        "Model alone, 1 thread, before / after the servers' runs: "
+        + ", ".join(f"b={b}: {before[b]:,.0f} / {after[b]:,.0f}/s" for b in sorted(bound)),
         "",
         "| concurrency | sluice infer/s | p50 / p99 ms | avg batch | Triton infer/s | "
         "Triton p50 / p99 ms | sluice/Triton | sluice / model-bound at its batch | "
@@ -322,20 +325,23 @@ def main() -> None:
     levels = [int(c) for c in args.concurrency.split(",")]
     if not (EXAMPLES / "mlp" / "1" / "model.pt").exists():
         subprocess.run([sys.executable, str(ROOT / "examples" / "build_models.py")], check=True)
-    bound = model_bound()
-    print("model-bound:", {b: round(v) for b, v in bound.items()}, flush=True)
+    before = model_bound()
+    print("model-bound before:", {b: round(v) for b, v in before.items()}, flush=True)
     rows = sluice_sweep(EXAMPLES, "sluice", levels, 18700)
     rows += sluice_sweep(mbs1_repository(), "sluice-mbs1", [c for c in levels if c >= 32], 18710)
     if 1 in levels:
         rows += sluice_sweep(identity_repository(), "sluice-identity", [1], 18730)
     if not args.skip_triton:
         rows += triton_sweep(64, "triton", levels, 18720)
-    text = report(bound, rows)
+    after = model_bound()
+    print("model-bound after:", {b: round(v) for b, v in after.items()}, flush=True)
+    text = report(before, after, rows)
     print(text)
     previous = args.results.read_text() if args.results.exists() else "# Benchmark results\n\n"
     args.results.write_text(previous.rstrip() + "\n\n" + text)
     (args.results.parent / "out").mkdir(exist_ok=True)
-    (args.results.parent / "out" / "compare_triton.json").write_text(json.dumps(rows, indent=1))
+    record = {"model_alone_before": before, "model_alone_after": after, "rows": rows}
+    (args.results.parent / "out" / "compare_triton.json").write_text(json.dumps(record, indent=1))
 
 
 if __name__ == "__main__":
