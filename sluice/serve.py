@@ -39,7 +39,7 @@ class ServeConfig:
     worker_args: tuple[str, ...] = ()
     #: rq workers running bulk jobs (`sluice jobs worker`).
     bulk_workers: int = 1
-    #: of every process serve starts.
+    #: the log level of every process serve starts.
     log_level: str = "info"
 
 
