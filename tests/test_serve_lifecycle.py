@@ -37,6 +37,17 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def _infer_ones(url: str) -> np.ndarray:
+    """batch8's answer to a [1, 4] input of ones."""
+    client = httpclient.InferenceServerClient(url)
+    inp = httpclient.InferInput("IN", [1, 4], "FP32")
+    inp.set_data_from_numpy(np.ones((1, 4), np.float32))
+    try:
+        return client.infer("batch8", [inp]).as_numpy("OUT")
+    finally:
+        client.close()
+
+
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
 def test_serve_starts_redis_and_workers_and_leaves_nothing(
     model_repo: Path, stop_signal: signal.Signals
@@ -47,12 +58,7 @@ def test_serve_starts_redis_and_workers_and_leaves_nothing(
     assert sum(b"redis-server" in c for c in commands.values()) == 1
     assert sum(b"sluice\0worker\0" in c for c in commands.values()) == 2
     assert sum(b"\0jobs\0worker\0" in c for c in commands.values()) == 1  # bulk jobs (rq)
-    client = httpclient.InferenceServerClient(service.http_url)
-    x = np.ones((1, 4), np.float32)
-    inp = httpclient.InferInput("IN", [1, 4], "FP32")
-    inp.set_data_from_numpy(x)
-    np.testing.assert_array_equal(client.infer("batch8", [inp]).as_numpy("OUT"), x * 2)
-    client.close()
+    np.testing.assert_array_equal(_infer_ones(service.http_url), np.ones((1, 4)) * 2)
     service.process.send_signal(stop_signal)
     assert service.process.wait(60) == 0
     stop_service(service)
@@ -80,11 +86,7 @@ def test_serve_log_level_applies_to_every_process_it_starts(model_repo: Path) ->
     try:
         url = f"127.0.0.1:{http_port}"
         wait_until(lambda: _ready(url), "the service to be ready")
-        client = httpclient.InferenceServerClient(url)
-        inp = httpclient.InferInput("IN", [1, 4], "FP32")
-        inp.set_data_from_numpy(np.ones((1, 4), np.float32))
-        assert client.infer("batch8", [inp]).as_numpy("OUT") is not None
-        client.close()
+        assert _infer_ones(url) is not None
     finally:
         process.terminate()
         output, _ = process.communicate(timeout=60)
