@@ -20,6 +20,7 @@ from shared.errors import Cancelled, Unavailable
 from shared.lua import Lua
 from shared.protocol import ProtocolError, Request, Result, decode_results, encode_requests
 from shared.redis_client import REDIS_ERRORS, server_info
+from shared.redis_wire import Wire, stream_entries, xadd
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,9 @@ class Dispatcher:
     def __init__(self, redis: aioredis.Redis, reader: aioredis.Redis, gateway_id: str) -> None:
         self.redis = redis
         self.reader = reader
+        #: the hot path's commands on connections of their own: sends, and the reply read.
+        self._sends = Wire(redis)
+        self._reads = Wire(reader)
         self.reply_stream = keys.reply_stream(gateway_id)
         self.waiting: dict[str, asyncio.Future[Result]] = {}
         self._prefix = gateway_id
@@ -162,7 +166,7 @@ class Dispatcher:
                 # the common case under load: one entry, no pipeline needed
                 try:
                     stream = keys.request_stream(route.model, route.level)
-                    await self.redis.xadd(stream, encode_requests(requests))
+                    await self._sends.call(*xadd(stream, encode_requests(requests)))
                 except REDIS_ERRORS as exc:
                     self._fail(requests, f"queue unavailable: {exc}")
                 return
@@ -212,8 +216,9 @@ class Dispatcher:
                 if unread_trim >= TRIM_EVERY_ENTRIES:
                     await self.reader.xtrim(self.reply_stream, minid=last_id, approximate=False)
                     unread_trim = 0
-                reply = await self.reader.xread(
-                    {self.reply_stream: last_id}, block=REPLY_READ_BLOCK_MS, count=256
+                reply = await self._reads.call(
+                    *("XREAD", "COUNT", 256, "BLOCK", REPLY_READ_BLOCK_MS),
+                    *("STREAMS", self.reply_stream, last_id),
                 )
             except REDIS_ERRORS as exc:
                 if backoff == 0.05:
@@ -224,7 +229,7 @@ class Dispatcher:
             if backoff != 0.05:
                 backoff = 0.05
                 server = await self._after_outage(server)
-            for _stream, entries in reply or ():
+            for _stream, entries in stream_entries(reply):
                 for entry_id, fields in entries:
                     last_id = entry_id
                     unread_trim += 1
@@ -269,3 +274,5 @@ class Dispatcher:
     async def close(self) -> None:
         if self._sending:
             await asyncio.gather(*self._sending, return_exceptions=True)
+        await self._sends.close()
+        await self._reads.close()

@@ -16,6 +16,10 @@ class Lua:
     def __init__(self, source: str) -> None:
         self.source = source
 
+    def command(self, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
+        """A call of the script, as a command to send."""
+        return ("EVAL", self.source, len(keys), *keys, *args)
+
     def queue(self, pipe: Any, keys: Sequence[str], args: Sequence[Any]) -> None:
         """Add a call of the script to a pipeline."""
-        pipe.eval(self.source, len(keys), *keys, *args)
+        pipe.execute_command(*self.command(keys, args))

@@ -36,6 +36,8 @@ _UNPACK_LIMITS = {
 }
 
 Buffer = bytes | bytearray | memoryview
+#: a stream entry's fields as redis-py parses them, or as RESP sends them (name, value, ...).
+Fields = dict[bytes, bytes] | list[bytes]
 
 
 class ProtocolError(ValueError):
@@ -106,7 +108,10 @@ def encode_results(results: Sequence[Result]) -> dict[str, bytes]:
     return {"h": msgpack.packb([SCHEMA, items]), "d": b"".join(blobs)}
 
 
-def _unpack_header(fields: dict[bytes, bytes]) -> tuple[list[Any], memoryview]:
+def _unpack_header(fields: Fields) -> tuple[list[Any], memoryview]:
+    if isinstance(fields, list):
+        pairs = iter(fields)
+        fields = dict(zip(pairs, pairs, strict=False))
     try:
         header, blob = fields[b"h"], fields[b"d"]
     except KeyError as exc:
@@ -160,7 +165,7 @@ def _names(value: Any, what: str) -> tuple[str, ...] | None:
     return tuple(value)
 
 
-def decode_requests(fields: dict[bytes, bytes]) -> list[Request]:
+def decode_requests(fields: Fields) -> list[Request]:
     """Requests of one stream entry; tensor data are views into the entry's blob."""
     items, blob = _unpack_header(fields)
     requests, offset = [], 0
@@ -183,7 +188,7 @@ def decode_requests(fields: dict[bytes, bytes]) -> list[Request]:
     return requests
 
 
-def decode_results(fields: dict[bytes, bytes]) -> list[Result]:
+def decode_results(fields: Fields) -> list[Result]:
     """Results of one reply entry; output data are views into the entry's blob."""
     items, blob = _unpack_header(fields)
     results, offset = [], 0

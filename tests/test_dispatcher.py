@@ -24,6 +24,7 @@ async def dispatcher(redis_url: str) -> AsyncIterator[Dispatcher]:
     yield d
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
+    await d.close()
     await redis.aclose()
     await reader.aclose()
 
@@ -87,6 +88,7 @@ async def test_unreachable_redis_fails_fast_with_503() -> None:
     d = Dispatcher(redis, redis, "gw-down")
     with pytest.raises(Unavailable, match="queue unavailable"):
         await d.submit(Route("m"), _request(d), 30)
+    await d.close()
     await redis.aclose()
 
 

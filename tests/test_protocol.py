@@ -113,6 +113,14 @@ def test_request_round_trip_keeps_every_field() -> None:
             assert bytes(g.data) == bytes(w.data)
 
 
+def test_fields_as_resp_sends_them_decode_like_a_dict() -> None:
+    fields = as_redis(encode_requests(sample_requests()))
+    flat = [x for pair in reversed(fields.items()) for x in pair]  # d before h: any order
+    assert decode_requests(flat) == decode_requests(fields)
+    results = as_redis(encode_results([Result("r", [], ("INVALID_ARG", "bad"))]))
+    assert decode_results([x for pair in results.items() for x in pair]) == decode_results(results)
+
+
 def test_outputs_none_and_empty_tuple_stay_distinct() -> None:
     decoded = decode_requests(as_redis(encode_requests(sample_requests())))
     assert decoded[0].outputs is None

@@ -30,6 +30,18 @@ async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
     await client.aclose()
 
 
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+async def publisher(redis: aioredis.Redis, clock: Clock) -> AsyncIterator[Publisher]:
+    publisher = Publisher(redis, "m", set(), clock=clock)
+    yield publisher
+    await publisher.close()
+
+
 def _batch(size: int, at_ms: int) -> list[str | int]:
     stats = BatchStats(1, size, at_ms)
     stats.requests_ok = size
@@ -43,10 +55,8 @@ async def _stats(redis: aioredis.Redis) -> dict[bytes, bytes]:
 
 
 async def test_statistics_wait_while_work_is_in_hand_then_go_summed(
-    redis: aioredis.Redis,
+    redis: aioredis.Redis, publisher: Publisher, clock: Clock
 ) -> None:
-    clock = Clock()
-    publisher = Publisher(redis, "m", set(), clock=clock)
     await publisher.publish([], [], _batch(3, 1_000), defer_statistics=True)
     clock.now += STATS_FLUSH_S / 2
     await publisher.publish([], [], _batch(5, 2_000), defer_statistics=True)
@@ -61,10 +71,8 @@ async def test_statistics_wait_while_work_is_in_hand_then_go_summed(
 
 
 async def test_held_back_statistics_are_written_once_the_flush_interval_has_passed(
-    redis: aioredis.Redis,
+    redis: aioredis.Redis, publisher: Publisher, clock: Clock
 ) -> None:
-    clock = Clock()
-    publisher = Publisher(redis, "m", set(), clock=clock)
     await publisher.publish([], [], _batch(4, 1_000), defer_statistics=True)
     assert await _stats(redis) == {}
     clock.now += STATS_FLUSH_S + 0.001

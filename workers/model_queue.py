@@ -30,6 +30,7 @@ from shared.model_config import ModelSpec
 from shared.protocol import ProtocolError, Request, Result, decode_requests
 from shared.queue_policy import QueuePolicy, deadline_us
 from shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS
+from shared.redis_wire import Wire, stream_entries
 from shared.signature import Signature, validate_inputs
 from shared.stats import BatchStats, failure_increments
 from workers.batcher import ArrivalGap, BatchRules, Pending, Send, next_batch
@@ -84,6 +85,14 @@ class ModelQueue:
         self.consumer = consumer
         self.block_ms = block_ms
         self.streams = {keys.request_stream(spec.name, lv): lv for lv in self.policy.levels}
+        #: the blocking read of the streams, on the reader's own connection.
+        self._reads = Wire(reader)
+        self._read_command = (
+            *("XREADGROUP", "GROUP", keys.WORKER_GROUP, consumer),
+            *("COUNT", max(1, spec.max_batch_size), "BLOCK", block_ms, "STREAMS"),
+            *self.streams,
+            *[">"] * len(self.streams),
+        )
         counted = {lv for lv in self.policy.levels if self.policy.for_level(lv).max_queue_size}
         self.publisher = Publisher(redis, spec.name, counted)
         recovery = recovery or RecoveryPolicy()
@@ -172,6 +181,8 @@ class ModelQueue:
             if self._running:
                 await asyncio.gather(*self._running, return_exceptions=True)
             self._pool.shutdown(wait=True)
+            await self._reads.close()
+            await self.publisher.close()
 
     # -- reading -----------------------------------------------------------------------
 
@@ -182,13 +193,7 @@ class ModelQueue:
             if self.stopping:
                 break
             try:
-                reply = await self.reader.xreadgroup(
-                    keys.WORKER_GROUP,
-                    self.consumer,
-                    dict.fromkeys(self.streams, ">"),
-                    count=max(1, self.spec.max_batch_size),
-                    block=self.block_ms,
-                )
+                reply = await self._reads.call(*self._read_command)
                 attempt = 0
             except aioredis.ResponseError as exc:
                 if "NOGROUP" not in str(exc):
@@ -210,7 +215,7 @@ class ModelQueue:
     async def _admit_reply(self, reply: Any) -> None:
         now = time.time_ns()
         rejected: list[tuple[Queued, Result]] = []
-        for raw_stream, entries in reply or ():
+        for raw_stream, entries in stream_entries(reply):
             stream = raw_stream.decode() if isinstance(raw_stream, bytes) else raw_stream
             for entry_id, fields in entries:
                 rejected += self._admit(stream, entry_id, fields, now)

@@ -25,6 +25,7 @@ from shared import keys
 from shared.lua import Lua
 from shared.protocol import Result, encode_results, job_event
 from shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS
+from shared.redis_wire import Wire, xadd
 from shared.stats import FINISH_BATCH_LUA, add_increments
 from workers.pending import Queued
 
@@ -56,6 +57,7 @@ class Publisher:
         #: (stream, entry id) -> requests of that entry not yet answered.
         self.unanswered: dict[EntryKey, int] = {}
         self._finish = Lua(FINISH_BATCH_LUA)
+        self._wire = Wire(redis)
         self._clock = clock
         #: statistics not yet written: field -> increment (`last_inference` fields: latest).
         self._unwritten: dict[str, int] = {}
@@ -130,6 +132,9 @@ class Publisher:
             calls.append(([stream, self.stats_key, self.sizes_key], args))
         await self._send(by_route, calls, len(results))
 
+    async def close(self) -> None:
+        await self._wire.close()
+
     async def _announce_jobs(self, by_route: dict[str, list[Result]]) -> None:
         """Asynchronous jobs among the routes: announce each on its channel (after the result
         is stored, so a listener that hears it can read it). Not pipelined: cluster clients
@@ -150,26 +155,21 @@ class Publisher:
         calls: list[tuple[list[str], list[str | int | bytes]]],
         count: int,
     ) -> None:
+        commands = [
+            xadd(route, encode_results(route_results), "MAXLEN", "~", REPLY_STREAM_MAXLEN)
+            for route, route_results in by_route.items()
+        ]
+        commands += [self._finish.command(script_keys, args) for script_keys, args in calls]
         for attempt, delay in enumerate((*RETRY_DELAYS_S, None)):
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for route, route_results in by_route.items():
-                    pipe.xadd(
-                        route,
-                        encode_results(route_results),
-                        maxlen=REPLY_STREAM_MAXLEN,
-                        approximate=True,
-                    )
-                for script_keys, args in calls:
-                    self._finish.queue(pipe, script_keys, args)
-                try:
-                    await pipe.execute()
-                except CONNECTION_ERRORS as exc:
-                    if delay is None:
-                        # the entries stay pending: a live worker takes them over and answers them
-                        log.error("%s: could not publish %d results: %s", self.model, count, exc)
-                        return
-                    log.warning("%s: publish failed (attempt %d): %s", self.model, attempt + 1, exc)
-                    await asyncio.sleep(delay)
-                    continue
+            try:
+                await self._wire.execute(*commands)
+            except CONNECTION_ERRORS as exc:
+                if delay is None:
+                    # the entries stay pending: a live worker takes them over and answers them
+                    log.error("%s: could not publish %d results: %s", self.model, count, exc)
+                    return
+                log.warning("%s: publish failed (attempt %d): %s", self.model, attempt + 1, exc)
+                await asyncio.sleep(delay)
+                continue
             await self._announce_jobs(by_route)
             return

@@ -1,0 +1,95 @@
+"""The hot path's own connections: replies in order, errors that leave them in step, cancels."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from shared.redis_client import async_client, is_cluster
+from shared.redis_wire import Wire, stream_entries, xadd
+
+
+@pytest.fixture
+async def client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = async_client(redis_url, socket_timeout_s=None)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def wire(client: aioredis.Redis) -> AsyncIterator[Wire]:
+    wire = Wire(client)
+    yield wire
+    await wire.close()
+
+
+@pytest.fixture
+def own_connections(client: aioredis.Redis) -> None:
+    """For tests of the Wire's own connections, which a cluster client does not use."""
+    if is_cluster(client):
+        pytest.skip("a cluster client picks its own connections")
+
+
+async def test_commands_of_one_round_trip_answer_in_order(wire: Wire) -> None:
+    replies = await wire.execute(
+        xadd("{w}s", {"h": b"1", "d": b"2"}), ("XLEN", "{w}s"), ("INCRBY", "{w}n", 5)
+    )
+    assert replies[1:] == [1, 5]
+    reply = await wire.call("XREAD", "COUNT", 5, "STREAMS", "{w}s", "0-0")
+    ((stream, ((entry_id, fields),)),) = stream_entries(reply)
+    assert (stream, entry_id) == (b"{w}s", replies[0])
+    # flat on a connection of the Wire's own; a cluster client's callbacks make it a dict
+    assert fields in ([b"h", b"1", b"d", b"2"], {b"h": b"1", b"d": b"2"})
+
+
+async def test_an_error_reply_raises_after_the_others_ran(wire: Wire) -> None:
+    await wire.call("SET", "{w}text", "abc")
+    with pytest.raises(ResponseError, match="not an integer"):
+        await wire.execute(("INCR", "{w}text"), ("SET", "{w}after", "1"))
+    # the command after the failing one ran, and the connection is still in step
+    assert await wire.call("GET", "{w}after") == b"1"
+    assert await wire.call("GET", "{w}text") == b"abc"
+
+
+@pytest.mark.usefixtures("own_connections")
+async def test_a_connection_is_kept_for_the_next_call(wire: Wire) -> None:
+    first = await wire.call("CLIENT", "ID")
+    assert await wire.call("CLIENT", "ID") == first
+
+
+@pytest.mark.usefixtures("own_connections")
+async def test_a_read_cancelled_while_blocked_leaves_no_reply_behind(
+    wire: Wire, client: aioredis.Redis
+) -> None:
+    blocked_id = await wire.call("CLIENT", "ID")
+    read = asyncio.create_task(wire.call("XREAD", "BLOCK", 0, "STREAMS", "{w}s", "$"))
+    while b"cmd=xread" not in await client.execute_command("CLIENT", "LIST", "ID", blocked_id):
+        await asyncio.sleep(0.005)  # Redis's state: nothing to await until it shows the block
+    read.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await read
+    await client.xadd("{w}s", {"late": "entry"})
+    # a fresh connection answers the next call, not the late entry for the cancelled read
+    assert await wire.call("PING") == b"PONG"
+    assert await wire.call("CLIENT", "ID") != blocked_id
+
+
+@pytest.mark.usefixtures("own_connections")
+async def test_a_kept_connection_that_went_stale_is_replaced(
+    wire: Wire, client: aioredis.Redis
+) -> None:
+    stale = await wire.call("CLIENT", "ID")
+    await client.execute_command("CLIENT", "KILL", "ID", stale)  # as a Redis restart would
+    assert await wire.call("SET", "{w}k", "v") == b"OK"
+    assert await wire.call("CLIENT", "ID") != stale
+
+
+def test_stream_entries_reads_either_protocol() -> None:
+    entries = [[b"1-0", [b"h", b"x"]]]
+    assert list(stream_entries({b"s": entries})) == [(b"s", entries)]
+    assert list(stream_entries([[b"s", entries]])) == [[b"s", entries]]
+    assert list(stream_entries(None)) == []
