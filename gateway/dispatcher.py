@@ -1,7 +1,7 @@
 """Requests out to the model streams, results back from this gateway's reply stream.
 
 Requests that arrive in the same event-loop turn go to Redis as one entry per model in one
-pipeline; one reader task resolves every waiter from the reply stream. Redis work per request
+round trip; one reader task resolves every waiter from the reply stream. Redis work per request
 is therefore O(1) and shrinks as load grows.
 """
 
@@ -20,7 +20,7 @@ from shared.errors import Cancelled, Unavailable
 from shared.lua import Lua
 from shared.protocol import ProtocolError, Request, Result, decode_results, encode_requests
 from shared.redis_client import REDIS_ERRORS, server_info
-from shared.redis_wire import Wire, stream_entries, xadd
+from shared.redis_wire import Command, Wire, stream_entries, xadd
 
 log = logging.getLogger(__name__)
 
@@ -160,38 +160,30 @@ class Dispatcher:
         task.add_done_callback(self._sending.discard)
 
     async def _send(self, outbox: dict[Route, list[Request]]) -> None:
-        if len(outbox) == 1:
-            ((route, requests),) = outbox.items()
-            if not route.max_queue_size and len(requests) <= route.max_per_entry:
-                # the common case under load: one entry, no pipeline needed
-                try:
-                    stream = keys.request_stream(route.model, route.level)
-                    await self._sends.call(*xadd(stream, encode_requests(requests)))
-                except REDIS_ERRORS as exc:
-                    self._fail(requests, f"queue unavailable: {exc}")
-                return
-        async with self.redis.pipeline(transaction=False) as pipe:
-            bounded: list[list[Request]] = []
-            for route, requests in outbox.items():
-                stream = keys.request_stream(route.model, route.level)
-                if route.max_queue_size:
-                    # one entry per request, so that the size limit admits or refuses each
-                    args: list[int | bytes] = [route.level, route.max_queue_size]
-                    for request in requests:
-                        entry = encode_requests([request])
-                        args += [entry["h"], entry["d"]]
-                    self._enqueue.queue(pipe, [stream, keys.queue_sizes(route.model)], args)
-                    bounded.append(requests)
-                    continue
-                for start in range(0, len(requests), route.max_per_entry):
-                    pipe.xadd(
-                        stream, encode_requests(requests[start : start + route.max_per_entry])
-                    )
-            try:
-                replies = await pipe.execute()
-            except REDIS_ERRORS as exc:
-                self._fail([r for rs in outbox.values() for r in rs], f"queue unavailable: {exc}")
-                return
+        commands: list[Command] = []
+        bounded: list[list[Request]] = []
+        for route, requests in outbox.items():
+            stream = keys.request_stream(route.model, route.level)
+            if route.max_queue_size:
+                # one entry per request, so that the size limit admits or refuses each
+                args: list[int | bytes] = [route.level, route.max_queue_size]
+                for request in requests:
+                    entry = encode_requests([request])
+                    args += [entry["h"], entry["d"]]
+                commands.append(
+                    self._enqueue.command([stream, keys.queue_sizes(route.model)], args)
+                )
+                bounded.append(requests)
+                continue
+            for start in range(0, len(requests), route.max_per_entry):
+                commands.append(
+                    xadd(stream, encode_requests(requests[start : start + route.max_per_entry]))
+                )
+        try:
+            replies = await self._sends.execute(*commands)
+        except REDIS_ERRORS as exc:
+            self._fail([r for rs in outbox.values() for r in rs], f"queue unavailable: {exc}")
+            return
         admitted = iter(reply for reply in replies if isinstance(reply, list))
         for requests in bounded:
             for request, ok in zip(requests, next(admitted), strict=True):

@@ -1,4 +1,4 @@
-"""Lua scripts called inside pipelines.
+"""Lua scripts sent as EVAL with their source, among the other commands of a round trip.
 
 redis-py's Script checks SCRIPT EXISTS before every pipeline that uses one: a round trip per
 batch on the hot path, and on a cluster the check goes to the wrong nodes. EVAL with the source
@@ -19,7 +19,3 @@ class Lua:
     def command(self, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
         """A call of the script, as a command to send."""
         return ("EVAL", self.source, len(keys), *keys, *args)
-
-    def queue(self, pipe: Any, keys: Sequence[str], args: Sequence[Any]) -> None:
-        """Add a call of the script to a pipeline."""
-        pipe.execute_command(*self.command(keys, args))
