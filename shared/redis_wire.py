@@ -4,12 +4,13 @@ At one request per round trip, redis-py's work around a command costs more than 
 a pool checkout that probes the socket, retry and observability wrappers, argument handling
 and response callbacks. Counted with callgrind on uvloop (redis-py 8.1): an XREAD round trip
 takes 300k instructions through the client and 163k straight on a connection, XADD 275k
-against 164k, a two-command pipeline 442k against 248k. A Wire packs, writes and reads on
-redis-py's own connection class (its hiredis parser, connect, auth, TLS and timeouts) and
-keeps its idle connections for the next call. Replies come as the parser gives them: XREAD's
-is a map under RESP3 (`stream_entries` reads both forms) and stream fields are flat
-[name, value, ...] lists, which `shared.protocol` reads too. A cluster client has no single
-connection to send on, so there a Wire goes through the client, which routes by key.
+against 164k, a two-command pipeline 442k against 248k. A Wire writes the RESP that `pack`
+makes on redis-py's own connection class (its hiredis parser, connect, auth, TLS and
+timeouts) and keeps its idle connections for the next call. Replies come as the parser
+gives them: XREAD's is a map under RESP3 (`stream_entries` reads both forms) and stream
+fields are flat [name, value, ...] lists, which `shared.protocol` reads too. A cluster
+client has no single connection to send on, so there a Wire goes through the client, which
+routes each command by its key.
 """
 
 from __future__ import annotations
@@ -26,6 +27,37 @@ from redis.exceptions import ResponseError
 from shared.redis_client import is_cluster
 
 Command = Sequence[Any]
+
+#: arguments longer than this go out as buffers of their own, not copied into the command.
+_SEPARATE_BYTES = 16_384
+
+
+def pack(commands: Sequence[Command]) -> list[bytes | bytearray | memoryview]:
+    """RESP for `commands`, as buffers to write in one go.
+
+    redis-py's packer takes 76-115 µs for a publish (the XADD of one result and the finish
+    script with its statistics, 59 arguments) against 26-34 µs here (2-core VM, 3 runs):
+    it was the worker's largest Python cost per batch at c=1. Large blobs (a batch's
+    tensors) are passed along, not copied.
+    """
+    buffers: list[bytes | bytearray | memoryview] = []
+    parts: list[bytes | bytearray | memoryview] = []
+    for command in commands:
+        parts.append(b"*%d\r\n" % len(command))
+        for arg in command:
+            if isinstance(arg, str):
+                arg = arg.encode()
+            elif isinstance(arg, int):
+                arg = b"%d" % arg
+            size = arg.nbytes if isinstance(arg, memoryview) else len(arg)
+            parts.append(b"$%d\r\n" % size)
+            if size > _SEPARATE_BYTES:
+                buffers += [b"".join(parts), arg]
+                parts = [b"\r\n"]
+            else:
+                parts += [arg, b"\r\n"]
+    buffers.append(b"".join(parts))
+    return buffers
 
 
 def stream_entries(reply: Any) -> Iterable[tuple[bytes, list[Any]]]:
@@ -67,9 +99,7 @@ class Wire:
         pool = self._client.connection_pool
         connection = self._idle.pop() if self._idle else pool.make_connection()
         try:
-            await connection.send_packed_command(
-                connection.pack_commands(commands), check_health=False
-            )
+            await connection.send_packed_command(pack(commands), check_health=False)
             replies, error = [], None
             for _ in commands:
                 try:

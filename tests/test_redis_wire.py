@@ -1,16 +1,19 @@
-"""The hot path's own connections: replies in order, errors that leave them in step, cancels."""
+"""The hot path's own connections: replies in order, errors that leave them in step, cancels,
+and RESP packed as redis-py packs it."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
 
+import numpy as np
 import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.connection import Connection
 from redis.exceptions import ResponseError
 
 from shared.redis_client import async_client, is_cluster
-from shared.redis_wire import Wire, stream_entries, xadd
+from shared.redis_wire import Wire, pack, stream_entries, xadd
 
 
 @pytest.fixture
@@ -93,3 +96,15 @@ def test_stream_entries_reads_either_protocol() -> None:
     assert list(stream_entries({b"s": entries})) == [(b"s", entries)]
     assert list(stream_entries([[b"s", entries]])) == [[b"s", entries]]
     assert list(stream_entries(None)) == []
+
+
+def test_pack_writes_what_redis_py_writes() -> None:
+    blob = memoryview(np.arange(8192, dtype=np.float32)).cast("B")  # 32 KB: a buffer of its own
+    commands = [
+        ("XADD", "{w}s", "MAXLEN", "~", 10_000, "*", "h", b"\x00\xff", "d", blob),
+        ("EVAL", "return ARGV[1]", 0, "naïve", -7, bytearray(b"x"), b""),
+    ]
+    reference = Connection().pack_commands(commands)
+    buffers = pack(commands)
+    assert b"".join(bytes(b) for b in buffers) == b"".join(bytes(b) for b in reference)
+    assert any(b is commands[0][-1] for b in buffers)  # the blob itself, not a copy
