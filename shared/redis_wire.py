@@ -84,11 +84,12 @@ class Wire:
         """Each command's reply; an error reply raises once all replies are read."""
         if self._cluster:
             return await self._through_client(commands)
-        if not self._idle:
-            return await self._round_trip(commands)
+        reused = bool(self._idle)
         try:
             return await self._round_trip(commands)
         except RedisConnectionError:
+            if not reused:
+                raise
             # kept connections go stale together (Redis restarted, an idle timeout): drop
             # them and try once on a new one, as redis-py retries; a Redis that is down
             # fails that connect at once

@@ -92,6 +92,17 @@ def running_worker(repo: Path, redis_url: str, *extra: str) -> Iterator[subproce
         assert worker.wait(30) == 0
 
 
+@contextlib.contextmanager
+def serving_python_model(
+    root: Path, name: str, config: str, model: str, redis_url: str
+) -> Iterator[redis.Redis]:
+    """A worker serving a python-backend model for the block, and a client of its Redis."""
+    repo = write_python_model(root, name, config, model)
+    client = redis.Redis.from_url(redis_url)
+    with running_worker(repo, redis_url), contextlib.closing(client):
+        yield client
+
+
 def collect_results(client: redis.Redis, reply_to: str, expected: int) -> list[tuple[str, int]]:
     """Every (request id, first output value) published to `reply_to`, in order."""
     seen: list[tuple[str, int]] = []

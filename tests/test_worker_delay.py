@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import textwrap
 from pathlib import Path
 
-import redis
-
 from shared import keys
 from shared.protocol import encode_requests
-from tests.streams import collect_results, int_request, running_worker, write_python_model
+from tests.streams import collect_results, int_request, serving_python_model
 
 #: ten minutes: a request that waited it out would outlast the test.
 DELAY_US = 600_000_000
@@ -37,11 +34,9 @@ MODEL = textwrap.dedent("""
 def test_a_request_after_a_quiet_spell_runs_without_waiting_the_delay(
     tmp_path: Path, redis_url: str
 ) -> None:
-    repo = write_python_model(tmp_path, "plus", CONFIG, MODEL)
-    client = redis.Redis.from_url(redis_url)
     stream = keys.request_stream("plus")
     reply_to = keys.reply_stream("test")
-    with running_worker(repo, redis_url), contextlib.closing(client):
+    with serving_python_model(tmp_path, "plus", CONFIG, MODEL, redis_url) as client:
         earlier = int_request(0, reply_to)
         earlier.enqueue_ns -= 2 * DELAY_US * 1000  # already past its delay: it runs at once
         client.xadd(stream, encode_requests([earlier]))

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import textwrap
 from pathlib import Path
 
 import pytest
-import redis
 
 from shared import keys
 from shared.protocol import encode_requests
-from tests.streams import collect_results, int_request, running_worker, write_python_model
+from tests.streams import collect_results, int_request, serving_python_model
 
 CONFIG = """
 name: "threads"
@@ -45,9 +43,7 @@ MODEL = textwrap.dedent("""
 def test_the_instance_thread_uses_the_configured_intra_op_thread_count(
     tmp_path: Path, redis_url: str
 ) -> None:
-    repo = write_python_model(tmp_path, "threads", CONFIG, MODEL)
-    client = redis.Redis.from_url(redis_url)
     reply_to = keys.reply_stream("test")
-    with running_worker(repo, redis_url), contextlib.closing(client):
+    with serving_python_model(tmp_path, "threads", CONFIG, MODEL, redis_url) as client:
         client.xadd(keys.request_stream("threads"), encode_requests([int_request(0, reply_to)]))
         assert collect_results(client, reply_to, 1) == [("r0", 1)]
