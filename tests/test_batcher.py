@@ -5,10 +5,20 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Hashable, Sequence
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from workers.batcher import ArrivalGap, BatchRules, Pending, Send, Wait, next_batch
+from workers.batcher import (
+    INLINE_RUN_LIMIT_NS,
+    ArrivalGap,
+    BatchRules,
+    Pending,
+    Send,
+    Wait,
+    next_batch,
+    runs_inline,
+)
 
 US = 1_000  # ns per microsecond
 T0 = 1_000_000_000_000  # an arbitrary steady-clock reading for the oldest request
@@ -400,3 +410,30 @@ def test_after_a_quiet_spell_a_short_burst_brings_the_mean_under_the_delay() -> 
         t += 50 * US
         gaps.observe(t)
     assert gaps.mean_ns is not None and gaps.mean_ns < delay
+
+
+# --- running a batch on the worker's event loop ----------------------------------------------
+
+#: one instance, nothing else pending, a 2 ms run, requests 3 ms apart.
+IDLE = {"instance_count": 1, "others_pending": False, "last_run_ns": 2000 * US}
+
+
+def test_a_lone_short_run_with_requests_further_apart_goes_on_the_loop() -> None:
+    assert runs_inline(**IDLE, spacing_ns=3000 * US)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"instance_count": 2},  # another instance could run meanwhile: the loop must feed it
+        {"others_pending": True},
+        {"last_run_ns": None},  # how long a run takes is not known yet
+        {"last_run_ns": INLINE_RUN_LIMIT_NS + 1, "spacing_ns": 10 * INLINE_RUN_LIMIT_NS},
+        {"spacing_ns": None},
+        {"spacing_ns": 2000 * US},  # a request would arrive while the run holds the loop
+    ],
+)
+def test_anything_else_to_do_keeps_the_run_on_the_instance_thread(
+    change: dict[str, object],
+) -> None:
+    assert not runs_inline(**{**IDLE, "spacing_ns": 3000 * US, **change})

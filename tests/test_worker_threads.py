@@ -1,15 +1,19 @@
-"""A model runs on the thread count its config asks for, on the instance's own thread."""
+"""Where a model runs: on the thread count its config asks for, on the instance's own thread
+or, with nothing else to do, on the worker's event loop."""
 
 from __future__ import annotations
 
 import os
 import textwrap
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+import redis
 
 from shared import keys
-from shared.protocol import encode_requests
+from shared.protocol import Request, Result, Tensor, decode_results, encode_requests
 from tests.streams import collect_results, int_request, serving_python_model
 
 CONFIG = """
@@ -47,3 +51,66 @@ def test_the_instance_thread_uses_the_configured_intra_op_thread_count(
     with serving_python_model(tmp_path, "threads", CONFIG, MODEL, redis_url) as client:
         client.xadd(keys.request_stream("threads"), encode_requests([int_request(0, reply_to)]))
         assert collect_results(client, reply_to, 1) == [("r0", 1)]
+
+
+WHERE_CONFIG = """
+name: "where"
+backend: "python"
+max_batch_size: 4
+input [ { name: "IN", data_type: TYPE_INT64, dims: [ 1 ] } ]
+output [ { name: "OUT", data_type: TYPE_INT64, dims: [ 1 ] } ]
+dynamic_batching { }
+"""
+
+#: answers 1 when run on the worker's event-loop thread, 0 on an instance thread; fails on -1.
+WHERE_MODEL = textwrap.dedent("""
+    import threading
+
+    import torch
+
+    class Model:
+        def __init__(self, context):
+            pass
+
+        def infer(self, inputs):
+            if (inputs["IN"] < 0).any():
+                raise ValueError("negative input")
+            on_loop = threading.current_thread() is threading.main_thread()
+            return {"OUT": torch.full_like(inputs["IN"], int(on_loop))}
+""")
+
+
+def test_requests_one_at_a_time_run_on_the_loop_and_a_failure_there_is_answered(
+    tmp_path: Path, redis_url: str
+) -> None:
+    reply_to = keys.reply_stream("test")
+    stream = keys.request_stream("where")
+    with serving_python_model(tmp_path, "where", WHERE_CONFIG, WHERE_MODEL, redis_url) as client:
+        answers = []
+        for i, value in enumerate([0, 0, 0, -1, 0]):
+            data = np.array([[value]], dtype=np.int64).tobytes()
+            inputs = [Tensor("IN", "INT64", (1, 1), data)]
+            request = Request(f"r{i}", 1, time.time_ns(), reply_to, inputs)
+            client.xadd(stream, encode_requests([request]))
+            answers.append(next_result(client, reply_to, len(answers)))
+    first, second, third, failed, after = answers
+    # the first run is on the instance thread (how long a run takes is not known yet); then
+    # each request comes after the last was answered, further apart than a run takes
+    assert (first.error, first_value(first)) == (None, 0)
+    assert first_value(second) == first_value(third) == 1
+    assert failed.error is not None and "negative input" in failed.error[1]
+    assert (after.error, first_value(after)) == (None, 1)
+
+
+def next_result(client: redis.Redis, reply_to: str, seen: int) -> Result:
+    """The result after the first `seen` ones on `reply_to` (waits for it)."""
+    results: list[Result] = []
+    while len(results) <= seen:
+        reply = client.xread({reply_to: "0-0"}, block=60_000)
+        assert reply, "the worker stopped answering"
+        results = [r for _, fields in reply[0][1] for r in decode_results(fields)]
+    return results[seen]
+
+
+def first_value(result: Result) -> int:
+    return int(np.frombuffer(result.outputs[0].data, np.int64)[0])

@@ -7,7 +7,9 @@ other workers could run. A model with priority levels reads only while an instan
 then once more just before each batch, so that a request of a higher level arriving
 meanwhile is never stuck behind a batch of lower ones already in hand. The batcher asks
 `next_batch` what to do and sleeps exactly as long as it says (or until the next request
-times out), or until a request arrives.
+times out), or until a request arrives. When the model has nothing else to do (one instance,
+requests further apart than a run), a batch runs on the loop's own thread and is answered
+before the next read (`runs_inline`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,15 @@ from shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS
 from shared.redis_wire import Wire, stream_entries
 from shared.signature import Signature, validate_inputs
 from shared.stats import BatchStats, failure_increments
-from workers.batcher import ArrivalGap, BatchRules, Pending, Send, next_batch
+from workers.batcher import (
+    INLINE_RUN_LIMIT_NS,
+    ArrivalGap,
+    BatchRules,
+    Pending,
+    Send,
+    next_batch,
+    runs_inline,
+)
 from workers.execution import BatchOutputs, adopt_torch_threads, run_batch
 from workers.models import Infer
 from workers.pending import PendingQueue, Queued
@@ -76,6 +86,10 @@ class ModelQueue:
         self.rules = batch_rules(spec)
         #: gaps beyond twice the delay say no more about whether waiting would pay.
         self.arrivals = ArrivalGap(cap_ns=2 * self.rules.max_queue_delay_ns)
+        #: the same gaps, capped far enough above a short run to compare with it.
+        self.spacing = ArrivalGap(cap_ns=2 * INLINE_RUN_LIMIT_NS)
+        #: wall time of the model's last successful run (None: no run yet).
+        self.last_run_ns: int | None = None
         self.policy = QueuePolicy.from_config(spec.config_json)
         self.instances = instances
         self.default_version = max(instances)
@@ -113,6 +127,8 @@ class ModelQueue:
         self._read_ahead = len(self.streams) == 1
         #: a batch just finished and nothing was read ahead: read what queued up meanwhile.
         self._catch_up = False
+        #: a batch run on the loop is being answered: the reader waits until it is.
+        self._answering_inline = False
         #: ids cancelled before this worker read them (insertion-ordered, bounded).
         self._cancelled: dict[str, None] = {}
 
@@ -272,6 +288,7 @@ class ModelQueue:
         start = min(request.enqueue_ns, now)
         if not alone:
             self.arrivals.observe(start)
+            self.spacing.observe(start)
         item.pending = Pending(group, size, start)
         timeout_us = self.policy.queue_timeout_us(item.level, request.parameters)
         if timeout_us:
@@ -286,7 +303,7 @@ class ModelQueue:
             await self.publisher.publish([q for q, _ in rejected], [r for _, r in rejected])
 
     def _update_room(self) -> None:
-        may_read = bool(self.free_lanes) or self._read_ahead
+        may_read = (bool(self.free_lanes) or self._read_ahead) and not self._answering_inline
         if may_read and self.pending.units() < max(1, self.spec.max_batch_size):
             self._room.set()
         else:
@@ -358,10 +375,30 @@ class ModelQueue:
         task.add_done_callback(self._running.discard)
 
     def _launch(self, lane: int, batch: list[Queued]) -> None:
-        """Start the batch on its instance's thread now, within the batch loop's turn."""
+        """Start the batch on its instance's thread now, within the batch loop's turn (or run
+        it right here, see `runs_inline`)."""
         started = time.time_ns()
-        running = self._start(lane, batch)
-        self._spawn(self._execute(lane, batch, started, running))
+        inline = runs_inline(
+            self.spec.instance_count, bool(self.pending), self.last_run_ns, self.spacing.mean_ns
+        )
+        if inline:
+            self._answering_inline = True
+            self._update_room()
+            running = self._run_here(lane, batch)
+        else:
+            running = self._start(lane, batch)
+        self._spawn(self._execute(lane, batch, started, running, inline))
+
+    def _run_here(self, lane: int, batch: Sequence[Queued]) -> asyncio.Future[BatchOutputs]:
+        requests = [q.request for q in batch]
+        sizes = [q.pending.batch_size for q in batch]
+        infer = self.instances[requests[0].version][lane]
+        done: asyncio.Future[BatchOutputs] = asyncio.get_running_loop().create_future()
+        try:
+            done.set_result(run_batch(self.spec, infer, requests, sizes, self.device))
+        except Exception as exc:  # reported by _run_isolating, as from the instance thread
+            done.set_exception(exc)
+        return done
 
     def _start(self, lane: int, batch: Sequence[Queued]) -> asyncio.Future[BatchOutputs]:
         requests = [q.request for q in batch]
@@ -372,7 +409,12 @@ class ModelQueue:
         )
 
     async def _execute(
-        self, lane: int, batch: list[Queued], started: int, running: asyncio.Future[BatchOutputs]
+        self,
+        lane: int,
+        batch: list[Queued],
+        started: int,
+        running: asyncio.Future[BatchOutputs],
+        inline: bool = False,
     ) -> None:
         requests = [q.request for q in batch]
         stats = BatchStats(
@@ -384,13 +426,21 @@ class ModelQueue:
         stats.requests_ok, stats.requests_failed = len(results) - failed, failed
         finished = time.time_ns()
         stats.request_samples_ns = [max(0, finished - r.enqueue_ns) for r in requests]
+        if inline:
+            # nothing else was in hand: the answer goes out before the reader's next read
+            try:
+                await self.publisher.publish(batch, results, stats.increments())
+            finally:
+                self._answering_inline = False
         # the instance is free now: let the next batch form while this one is published
         self.free_lanes.append(lane)
         self._catch_up = not self._read_ahead
         self._update_room()
         self._wake.set()
-        in_hand = bool(self.pending) or len(self.free_lanes) < self.spec.instance_count
-        await self.publisher.publish(batch, results, stats.increments(), defer_statistics=in_hand)
+        if not inline:
+            in_hand = bool(self.pending) or len(self.free_lanes) < self.spec.instance_count
+            increments = stats.increments()
+            await self.publisher.publish(batch, results, increments, defer_statistics=in_hand)
         self.batches_done += 1
 
     async def _run_isolating(
@@ -422,6 +472,7 @@ class ModelQueue:
         stats.input_ns += timing.input_ns
         stats.infer_ns += timing.infer_ns
         stats.output_ns += timing.output_ns
+        self.last_run_ns = timing.input_ns + timing.infer_ns + timing.output_ns
         return [Result(r.id, outs) for r, outs in zip(requests, outputs, strict=True)]
 
     # -- recovery ----------------------------------------------------------------------
