@@ -1,7 +1,8 @@
 """sluice against Triton's dynamic batcher on the reference MLP, side by side in one run.
 
-Measures (a) the model alone in-process (batch 1/8/32/64, torch 1 thread), before and
-after the servers run, as the machine's speed drifts (ratios use the mean); (b) sluice at
+Measures (a) the model alone in-process (batch 1/8/32/64, torch 1 thread), before, between
+and after the servers' runs, as the machine's speed drifts (ratios use the median of those
+measurements, so one slow or fast spell does not move them); (b) sluice at
 each concurrency with dynamic batching and with max_batch_size 1; (c) the same load against
 PyTriton (Triton's C++ dynamic batcher) when its anchor environment is installed
 (`bash ../shared/anchor/setup.sh`); (d) sluice at c=1 on an identity model with the MLP's
@@ -263,9 +264,9 @@ def triton_sweep(mbs: int, label: str, levels: list[int], port: int) -> list[dic
         subprocess.run(["bash", str(ANCHOR / "stop_pytriton.sh")], env=env, check=False)
 
 
-def report(before: dict[int, float], after: dict[int, float], rows: list[dict]) -> str:
-    """The results table; ratios to the model alone use the mean of its two measurements."""
-    bound = {b: (before[b] + after[b]) / 2 for b in before}
+def report(alone: list[dict[int, float]], rows: list[dict]) -> str:
+    """The results table; ratios to the model alone use the median of its measurements."""
+    bound = {b: statistics.median(m[b] for m in alone) for b in alone[0]}
     by = {(r["label"], r["concurrency"]): r for r in rows if "throughput" in r}
     levels = sorted({r["concurrency"] for r in rows})
     lines = [
@@ -273,8 +274,13 @@ def report(before: dict[int, float], after: dict[int, float], rows: list[dict]) 
         f"{os.cpu_count()} cores, torch {torch.__version__}, load: "
         f"{rows[0].get('tool', '?') if rows else '?'})",
         "",
-        "Model alone, 1 thread, before / after the servers' runs: "
-        + ", ".join(f"b={b}: {before[b]:,.0f} / {after[b]:,.0f}/s" for b in sorted(bound)),
+        f"Model alone, 1 thread, median of {len(alone)} measurements before, between and after "
+        "the servers' runs (lowest-highest): "
+        + ", ".join(
+            f"b={b}: {bound[b]:,.0f}/s ({min(m[b] for m in alone):,.0f}-"
+            f"{max(m[b] for m in alone):,.0f})"
+            for b in sorted(bound)
+        ),
         "",
         "| concurrency | sluice infer/s | p50 / p99 ms | avg batch | Triton infer/s | "
         "Triton p50 / p99 ms | sluice/Triton | sluice / model-bound at its batch | "
@@ -325,22 +331,28 @@ def main() -> None:
     levels = [int(c) for c in args.concurrency.split(",")]
     if not (EXAMPLES / "mlp" / "1" / "model.pt").exists():
         subprocess.run([sys.executable, str(ROOT / "examples" / "build_models.py")], check=True)
-    before = model_bound()
-    print("model-bound before:", {b: round(v) for b, v in before.items()}, flush=True)
+    alone: list[dict[int, float]] = []
+
+    def measure_alone() -> None:
+        alone.append(model_bound())
+        print("model alone:", {b: round(v) for b, v in alone[-1].items()}, flush=True)
+
+    measure_alone()
     rows = sluice_sweep(EXAMPLES, "sluice", levels, 18700)
+    measure_alone()
     rows += sluice_sweep(mbs1_repository(), "sluice-mbs1", [c for c in levels if c >= 32], 18710)
     if 1 in levels:
         rows += sluice_sweep(identity_repository(), "sluice-identity", [1], 18730)
+    measure_alone()
     if not args.skip_triton:
         rows += triton_sweep(64, "triton", levels, 18720)
-    after = model_bound()
-    print("model-bound after:", {b: round(v) for b, v in after.items()}, flush=True)
-    text = report(before, after, rows)
+        measure_alone()
+    text = report(alone, rows)
     print(text)
     previous = args.results.read_text() if args.results.exists() else "# Benchmark results\n\n"
     args.results.write_text(previous.rstrip() + "\n\n" + text)
     (args.results.parent / "out").mkdir(exist_ok=True)
-    record = {"model_alone_before": before, "model_alone_after": after, "rows": rows}
+    record = {"model_alone": alone, "rows": rows}
     (args.results.parent / "out" / "compare_triton.json").write_text(json.dumps(record, indent=1))
 
 
