@@ -92,6 +92,9 @@ class _Connection(asyncio.Protocol):
         self.disconnected: asyncio.Future[None] = self.loop.create_future()
         self.worker: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
+        #: when the connection's timer expires (loop time), and why (None: idle).
+        self.deadline = 0.0
+        self.deadline_message: str | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -146,12 +149,27 @@ class _Connection(asyncio.Protocol):
             self.body.append(body)
 
     def _arm(self, delay_s: float, message: str | None) -> None:
-        """(Re)start the connection's timer: an incomplete request or an idle connection."""
-        if self.timer is not None:
-            self.timer.cancel()
-        self.timer = self.loop.call_later(delay_s, self._expire, message)
+        """Set the connection's deadline: an incomplete request or an idle connection.
 
-    def _expire(self, message: str | None) -> None:
+        This runs three times per request, where a new timer each time cost ~10 us: instead
+        one timer checks the latest deadline, waking at least once per shortest timeout so
+        that no deadline set meanwhile is checked late.
+        """
+        self.deadline = self.loop.time() + delay_s
+        self.deadline_message = message
+        if self.timer is None:
+            self._start_timer()
+
+    def _start_timer(self) -> None:
+        check_at = self.loop.time() + min(REQUEST_TIMEOUT_S, IDLE_TIMEOUT_S)
+        self.timer = self.loop.call_at(min(self.deadline, check_at), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self.timer = None
+        if self.loop.time() < self.deadline:
+            self._start_timer()
+            return
+        message = self.deadline_message
         if message is None:  # idle keep-alive connection
             self.close_if_idle()
         elif self.worker is None:

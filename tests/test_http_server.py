@@ -84,3 +84,16 @@ async def test_a_slow_sender_is_cut_off(
     assert status == 408 and b"not received in full" in body
     assert await reader.read() == b""  # and the connection is closed
     writer.close()
+
+
+async def test_an_idle_keep_alive_connection_is_closed_after_its_last_answer(
+    server: HttpServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(http_server, "IDLE_TIMEOUT_S", 0.3)
+    reader, writer = await asyncio.open_connection("127.0.0.1", _port(server))
+    for _ in range(2):  # each request moves the idle deadline on; the connection stays open
+        writer.write(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+        status, _ = await _read_response(reader)
+        assert status == 200
+    assert await asyncio.wait_for(reader.read(), 10) == b""  # closed once idle
+    writer.close()
