@@ -1,8 +1,9 @@
 """What the fleet-wide statistics cost: the same per-batch ack call with and without them.
 
-Workers add each batch's statistics in the Lua call that acks the batch, so metrics add no
-round trip; this measures what they do add: Redis CPU per call (INFO commandstats) and the
-worker's Python time to build the increments, then relates it to a throughput and batch size.
+Workers log each batch's statistics in the Lua call that acks the batch, so metrics add no
+round trip; this measures what they do add: Redis CPU per call (INFO commandstats, folding
+the log into the hash every few calls included) and the worker's Python time to build the
+record, then relates it to a throughput and batch size.
 
     python benchmarks/metrics_cost.py [--throughput 2046 --batch 39.5]
 """
@@ -15,7 +16,7 @@ import time
 import redis
 
 from shared import keys
-from shared.stats import FINISH_BATCH_LUA, BatchStats
+from shared.stats import FINISH_BATCH_LUA, BatchStats, stats_record
 from sluice.embedded_redis import EmbeddedRedis
 
 CALLS = 5000
@@ -33,11 +34,12 @@ def redis_us_per_call(client: redis.Redis, with_stats: bool, size: int) -> float
     client.config_resetstat()
     script = client.register_script(FINISH_BATCH_LUA)
     stream = keys.request_stream("bench")
-    increments = batch_stats(size).increments() if with_stats else []
+    record = [stats_record(batch_stats(size).increments())] if with_stats else []
+    script_keys = [stream, keys.model_stats("bench"), keys.queue_sizes("bench")]
     for _ in range(CALLS):
         script(
-            keys=[stream, keys.model_stats("bench"), keys.queue_sizes("bench")],
-            args=[keys.WORKER_GROUP, 0, 0, 0, *increments],
+            keys=[*script_keys, keys.model_stats_log("bench")],
+            args=[keys.WORKER_GROUP, 0, 0, 0, *record],
         )
     stats = client.info("commandstats")
     return float(stats["cmdstat_evalsha"]["usec_per_call"])
@@ -47,7 +49,7 @@ def python_us_per_batch(size: int) -> float:
     stats = batch_stats(size)
     start = time.perf_counter()
     for _ in range(CALLS):
-        stats.increments()
+        stats_record(stats.increments())
     return (time.perf_counter() - start) / CALLS * 1e6
 
 

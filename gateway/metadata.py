@@ -7,8 +7,13 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from gateway.model_table import ModelView
-from shared import keys
-from shared.stats import VersionStats, parse_stats, triton_model_stats
+from shared.stats import (
+    VersionStats,
+    parse_stats,
+    read_stats_command,
+    stats_hash,
+    triton_model_stats,
+)
 
 SERVER_NAME = "sluice"
 SERVER_VERSION = "0.1.0"
@@ -67,11 +72,11 @@ async def model_statistics(
     """Triton's statistics body, fleet-wide, from the stats hashes the workers keep."""
     async with redis.pipeline(transaction=False) as pipe:
         for view in views:
-            pipe.hgetall(keys.model_stats(view.name))
-        raws = await pipe.execute()
+            pipe.execute_command(*read_stats_command(view.name))
+        replies = await pipe.execute()
         entries = []
-        for view, raw in zip(views, raws, strict=True):
-            per_version = parse_stats(raw)
+        for view, reply in zip(views, replies, strict=True):
+            per_version = parse_stats(stats_hash(reply))
             wanted = [version] if version else sorted(set(view.versions) | set(per_version))
             for v in wanted:
                 entries.append(

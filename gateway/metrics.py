@@ -29,6 +29,8 @@ from shared.stats import (
     VersionStats,
     histogram,
     parse_stats,
+    read_stats_command,
+    stats_hash,
 )
 
 LABELS = ["model", "version"]
@@ -190,9 +192,10 @@ async def render(redis: aioredis.Redis, table: ModelTable) -> bytes:
     names = sorted(table.models)
     async with redis.pipeline(transaction=False) as pipe:
         for name in names:
-            pipe.hgetall(keys.model_stats(name))
+            pipe.execute_command(*read_stats_command(name))
         pipe.hgetall(keys.GATEWAY_STATS)
-        *raws, gateway = await pipe.execute()
+        *replies, gateway = await pipe.execute()
+    raws = [stats_hash(reply) for reply in replies]
     stats: dict[tuple[str, str], VersionStats] = {}
     for name, raw in zip(names, raws, strict=True):
         for version, s in parse_stats(raw).items():

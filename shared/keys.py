@@ -39,8 +39,13 @@ def dead_letters(model: str) -> str:
 
 
 def model_stats(model: str) -> str:
-    """Hash of cumulative counters (Triton statistics) that workers HINCRBY after each batch."""
+    """Hash of cumulative counters (Triton statistics), folded in from the statistics log."""
     return f"{_model_tag(model)}:stats"
+
+
+def model_stats_log(model: str) -> str:
+    """List of the statistics records of batches not yet folded into the hash."""
+    return f"{_model_tag(model)}:stats:log"
 
 
 def reply_stream(gateway_id: str) -> str:

@@ -31,6 +31,7 @@ from shared.protocol import Result, Tensor
 from shared.redis_client import sync_client
 from shared.registry import encode_model_record
 from shared.signature import Signature
+from shared.stats import read_stats_command, stats_hash
 from tests.conftest import (
     Service,
     needs_single_redis,
@@ -64,7 +65,8 @@ def _npy(array: np.ndarray) -> bytes:
 
 
 def _inference_count(client: redis.Redis, model: str) -> int:
-    return int(client.hget(keys.model_stats(model), "1:inference_count") or 0)
+    stats = stats_hash(client.execute_command(*read_stats_command(model)))
+    return int(stats.get(b"1:inference_count", 0))
 
 
 # --- files --------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import redis.asyncio as aioredis
 
 from shared import keys
 from shared.redis_client import async_client
-from shared.stats import BatchStats
+from shared.stats import FOLD_AT, BatchStats, read_stats_command, stats_hash
 from workers.publisher import STATS_FLUSH_S, Publisher
 
 
@@ -51,7 +51,7 @@ def _batch(size: int, at_ms: int) -> list[str | int]:
 
 
 async def _stats(redis: aioredis.Redis) -> dict[bytes, bytes]:
-    return await redis.hgetall(keys.model_stats("m"))
+    return stats_hash(await redis.execute_command(*read_stats_command("m")))
 
 
 async def test_statistics_wait_while_work_is_in_hand_then_go_summed(
@@ -80,3 +80,32 @@ async def test_held_back_statistics_are_written_once_the_flush_interval_has_pass
     assert (await _stats(redis))[b"1:inference_count"] == b"8"
     await publisher.publish([], [], _batch(1, 1_200), defer_statistics=True)
     assert (await _stats(redis))[b"1:inference_count"] == b"8"  # a new interval has begun
+
+
+async def test_each_batch_is_logged_then_folded_in_when_read_the_latest_time_kept(
+    redis: aioredis.Redis, publisher: Publisher
+) -> None:
+    await publisher.publish([], [], _batch(3, 2_000))
+    await publisher.publish([], [], _batch(4, 1_000))
+    assert await redis.hgetall(keys.model_stats("m")) == {}  # logged, not yet in the hash
+    assert await redis.llen(keys.model_stats_log("m")) == 2
+    stats = await _stats(redis)  # a reader folds the log in first
+    assert stats[b"1:inference_count"] == b"7"
+    assert stats[b"1:queue_ns"] == b"7000"
+    assert stats[b"1:last_inference"] == b"2000"
+    assert await redis.llen(keys.model_stats_log("m")) == 0
+    await publisher.publish([], [], _batch(1, 1_500))
+    stats = await _stats(redis)  # counters add to the hash; an earlier time does not replace
+    assert (stats[b"1:inference_count"], stats[b"1:last_inference"]) == (b"8", b"2000")
+
+
+async def test_a_worker_folds_the_log_in_itself_once_it_holds_fold_at_records(
+    redis: aioredis.Redis, publisher: Publisher
+) -> None:
+    for i in range(FOLD_AT + 1):
+        await publisher.publish([], [], _batch(2, 1_000 + i))
+    assert await redis.llen(keys.model_stats_log("m")) == 1
+    folded = await redis.hgetall(keys.model_stats("m"))
+    assert folded[b"1:inference_count"] == str(2 * FOLD_AT).encode()
+    assert folded[b"1:last_inference"] == str(1_000 + FOLD_AT - 1).encode()
+    assert (await _stats(redis))[b"1:inference_count"] == str(2 * FOLD_AT + 2).encode()

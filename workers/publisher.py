@@ -2,13 +2,12 @@
 
 One pipeline per batch: an XADD per gateway with requests in the batch, then one script call
 per request stream involved that acks and deletes the fully answered entries, lowers the
-queue-size counter and adds to the model's statistics.
+queue-size counter and logs the batch's statistics (see shared/stats.py).
 
 A batch's statistics go with its own ack when the worker has nothing else in hand, so they
 are in Redis by the time its last client has its answer. Under load they are summed over
-the batches published within `STATS_FLUSH_S` and written with one of their acks: the
-counters are most of the Redis commands per batch (each HINCRBY in the script counts), and
-summing them keeps that cost per inference falling as batches come faster.
+the batches published within `STATS_FLUSH_S` and written with one of their acks, so that
+their record (and its folding in) costs less per inference as batches come faster.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from shared.lua import Lua
 from shared.protocol import Result, encode_results, job_event
 from shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS
 from shared.redis_wire import Wire, xadd
-from shared.stats import FINISH_BATCH_LUA, add_increments
+from shared.stats import FINISH_BATCH_LUA, add_increments, stats_record
 from workers.pending import Queued
 
 log = logging.getLogger(__name__)
@@ -52,6 +51,7 @@ class Publisher:
         self.model = model
         self.stats_key = keys.model_stats(model)
         self.sizes_key = keys.queue_sizes(model)
+        self.log_key = keys.model_stats_log(model)
         #: levels with a max_queue_size, whose queue-size counter gateways raise.
         self.counted_levels = counted_levels
         #: (stream, entry id) -> requests of that entry not yet answered.
@@ -86,8 +86,8 @@ class Publisher:
                 done[item.stream].append(item.entry_id)
         return done
 
-    def _statistics(self, increments: Sequence[str | int], defer: bool) -> list[str | int]:
-        """What to write now: `increments` plus any held back, or nothing if they may wait."""
+    def _statistics(self, increments: Sequence[str | int], defer: bool) -> list[bytes]:
+        """The record to write now: `increments` plus any held back (none if they may wait)."""
         if not increments and not self._unwritten:
             return []
         if not self._unwritten:
@@ -97,7 +97,7 @@ class Publisher:
         if defer and self._clock() - self._unwritten_since < STATS_FLUSH_S:
             return []
         self._unwritten = {}
-        return [x for pair in held.items() for x in pair]
+        return [stats_record([x for pair in held.items() for x in pair])]
 
     async def publish(
         self,
@@ -111,7 +111,7 @@ class Publisher:
 
         `defer_statistics`: more work is in hand, so the statistics may join a later call's.
         """
-        stat_increments = self._statistics(stat_increments, defer_statistics)
+        record = self._statistics(stat_increments, defer_statistics)
         by_route: dict[str, list[Result]] = defaultdict(list)
         answered: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
         for item, result in zip(items, results, strict=True):
@@ -120,7 +120,7 @@ class Publisher:
                 answered[item.stream][item.level] += 1
         done = self._settle(items, extra_acks)
         streams = set(done) | set(answered)
-        if not streams and stat_increments:
+        if not streams and record:
             streams = {keys.request_stream(self.model)}
         calls = []
         for index, stream in enumerate(sorted(streams)):
@@ -128,8 +128,8 @@ class Publisher:
             ((level, count),) = answered[stream].items() if answered.get(stream) else ((0, 0),)
             args: list[str | int | bytes] = [keys.WORKER_GROUP, len(ids), *ids, level, count]
             if index == 0:
-                args += stat_increments
-            calls.append(([stream, self.stats_key, self.sizes_key], args))
+                args += record
+            calls.append(([stream, self.stats_key, self.sizes_key, self.log_key], args))
         await self._send(by_route, calls, len(results))
 
     async def close(self) -> None:
