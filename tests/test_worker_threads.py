@@ -85,21 +85,24 @@ def test_requests_one_at_a_time_run_on_the_loop_and_a_failure_there_is_answered(
 ) -> None:
     reply_to = keys.reply_stream("test")
     stream = keys.request_stream("where")
+    values = [0, 0, 0, 0, 0, 0, -1, 0]
     with serving_python_model(tmp_path, "where", WHERE_CONFIG, WHERE_MODEL, redis_url) as client:
         answers = []
-        for i, value in enumerate([0, 0, 0, -1, 0]):
+        for i, value in enumerate(values):
             data = np.array([[value]], dtype=np.int64).tobytes()
             inputs = [Tensor("IN", "INT64", (1, 1), data)]
             request = Request(f"r{i}", 1, time.time_ns(), reply_to, inputs)
             client.xadd(stream, encode_requests([request]))
             answers.append(next_result(client, reply_to, len(answers)))
-    first, second, third, failed, after = answers
-    # the first run is on the instance thread (how long a run takes is not known yet); then
-    # each request comes after the last was answered, further apart than a run takes
-    assert (first.error, first_value(first)) == (None, 0)
-    assert first_value(second) == first_value(third) == 1
+    failed = answers[values.index(-1)]
     assert failed.error is not None and "negative input" in failed.error[1]
-    assert (after.error, first_value(after)) == (None, 1)
+    ok = [a for a in answers if a is not failed]
+    assert all(a.error is None for a in ok)
+    # the first run is on the instance thread (how long a run takes is not known yet); then
+    # each request comes after the last was answered, further apart than a run takes (a run
+    # slowed past the limit by a busy machine goes to the thread again)
+    assert first_value(ok[0]) == 0
+    assert any(first_value(a) == 1 for a in ok[1:])
 
 
 def next_result(client: redis.Redis, reply_to: str, seen: int) -> Result:

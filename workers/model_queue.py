@@ -384,29 +384,27 @@ class ModelQueue:
         if inline:
             self._answering_inline = True
             self._update_room()
-            running = self._run_here(lane, batch)
-        else:
-            running = self._start(lane, batch)
+        running = self._start(lane, batch, here=inline)
         self._spawn(self._execute(lane, batch, started, running, inline))
 
-    def _run_here(self, lane: int, batch: Sequence[Queued]) -> asyncio.Future[BatchOutputs]:
+    def _start(
+        self, lane: int, batch: Sequence[Queued], here: bool = False
+    ) -> asyncio.Future[BatchOutputs]:
+        """The batch's run on its instance's thread, or done right here (`here`)."""
         requests = [q.request for q in batch]
         sizes = [q.pending.batch_size for q in batch]
         infer = self.instances[requests[0].version][lane]
-        done: asyncio.Future[BatchOutputs] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        if not here:
+            return loop.run_in_executor(
+                self._pool, run_batch, self.spec, infer, requests, sizes, self.device
+            )
+        done: asyncio.Future[BatchOutputs] = loop.create_future()
         try:
             done.set_result(run_batch(self.spec, infer, requests, sizes, self.device))
         except Exception as exc:  # reported by _run_isolating, as from the instance thread
             done.set_exception(exc)
         return done
-
-    def _start(self, lane: int, batch: Sequence[Queued]) -> asyncio.Future[BatchOutputs]:
-        requests = [q.request for q in batch]
-        sizes = [q.pending.batch_size for q in batch]
-        infer = self.instances[requests[0].version][lane]
-        return asyncio.get_running_loop().run_in_executor(
-            self._pool, run_batch, self.spec, infer, requests, sizes, self.device
-        )
 
     async def _execute(
         self,

@@ -88,9 +88,11 @@ class Publisher:
 
     def _statistics(self, increments: Sequence[str | int], defer: bool) -> list[bytes]:
         """The record to write now: `increments` plus any held back (none if they may wait)."""
-        if not increments and not self._unwritten:
-            return []
         if not self._unwritten:
+            if not increments:
+                return []
+            if not defer:  # nothing held back: this batch's own record
+                return [stats_record(increments)]
             self._unwritten_since = self._clock()
         held = self._unwritten
         add_increments(held, increments)
@@ -111,7 +113,7 @@ class Publisher:
 
         `defer_statistics`: more work is in hand, so the statistics may join a later call's.
         """
-        record = self._statistics(stat_increments, defer_statistics)
+        records = self._statistics(stat_increments, defer_statistics)
         by_route: dict[str, list[Result]] = defaultdict(list)
         answered: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
         for item, result in zip(items, results, strict=True):
@@ -120,7 +122,7 @@ class Publisher:
                 answered[item.stream][item.level] += 1
         done = self._settle(items, extra_acks)
         streams = set(done) | set(answered)
-        if not streams and record:
+        if not streams and records:
             streams = {keys.request_stream(self.model)}
         calls = []
         for index, stream in enumerate(sorted(streams)):
@@ -128,7 +130,7 @@ class Publisher:
             ((level, count),) = answered[stream].items() if answered.get(stream) else ((0, 0),)
             args: list[str | int | bytes] = [keys.WORKER_GROUP, len(ids), *ids, level, count]
             if index == 0:
-                args += record
+                args += records
             calls.append(([stream, self.stats_key, self.sizes_key, self.log_key], args))
         await self._send(by_route, calls, len(results))
 
