@@ -20,14 +20,13 @@ import itertools
 import logging
 import time
 from collections.abc import Coroutine, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import redis.asyncio as aioredis
 import torch
 
 from shared import keys
-from shared.errors import InvalidInput, ModelExecutionError, SluiceError
+from shared.errors import InvalidInput, SluiceError
 from shared.model_config import ModelSpec
 from shared.protocol import ProtocolError, Request, Result, decode_requests
 from shared.queue_policy import QueuePolicy, deadline_us
@@ -44,7 +43,8 @@ from workers.batcher import (
     next_batch,
     runs_inline,
 )
-from workers.execution import BatchOutputs, adopt_torch_threads, run_batch
+from workers.execution import BatchOutputs
+from workers.instances import Instances
 from workers.models import Infer
 from workers.pending import PendingQueue, Queued
 from workers.publisher import RETRY_DELAYS_S, Publisher
@@ -88,12 +88,8 @@ class ModelQueue:
         self.arrivals = ArrivalGap(cap_ns=2 * self.rules.max_queue_delay_ns)
         #: the same gaps, capped far enough above a short run to compare with it.
         self.spacing = ArrivalGap(cap_ns=2 * INLINE_RUN_LIMIT_NS)
-        #: wall time of the model's last successful run (None: no run yet).
-        self.last_run_ns: int | None = None
         self.policy = QueuePolicy.from_config(spec.config_json)
-        self.instances = instances
-        self.default_version = max(instances)
-        self.device = device
+        self.instances = Instances(spec, instances, device)
         self.redis = redis
         self.reader = reader
         self.consumer = consumer
@@ -116,9 +112,6 @@ class ModelQueue:
         self.batches_done = 0
         self.stopping = False
         self._seq = itertools.count()
-        self._pool = ThreadPoolExecutor(
-            spec.instance_count, thread_name_prefix=spec.name, initializer=adopt_torch_threads
-        )
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
@@ -183,7 +176,7 @@ class ModelQueue:
 
     async def run(self) -> None:
         if not await self._join_groups():
-            self._pool.shutdown(wait=True)
+            self.instances.shutdown()
             return
         helpers = [
             asyncio.create_task(self._read_loop(), name=f"read:{self.spec.name}"),
@@ -196,7 +189,7 @@ class ModelQueue:
                 task.cancel()
             if self._running:
                 await asyncio.gather(*self._running, return_exceptions=True)
-            self._pool.shutdown(wait=True)
+            self.instances.shutdown()
             await self._reads.close()
             await self.publisher.close()
 
@@ -275,8 +268,8 @@ class ModelQueue:
         """Validate the request and work out its batch group, size and deadlines."""
         request = item.request
         if request.version == 0:
-            request.version = self.default_version
-        elif request.version not in self.instances:
+            request.version = self.instances.default_version
+        elif request.version not in self.instances.by_version:
             raise InvalidInput(f"model '{self.spec.name}' version {request.version} not served")
         size = validate_inputs(self.signature, request.inputs)
         batched = self.spec.max_batch_size > 0
@@ -379,99 +372,59 @@ class ModelQueue:
         it right here, see `runs_inline`)."""
         started = time.time_ns()
         inline = runs_inline(
-            self.spec.instance_count, bool(self.pending), self.last_run_ns, self.spacing.mean_ns
+            self.spec.instance_count,
+            bool(self.pending),
+            self.instances.last_run_ns,
+            self.spacing.mean_ns,
         )
         if inline:
             self._answering_inline = True
             self._update_room()
-        running = self._start(lane, batch, here=inline)
-        self._spawn(self._execute(lane, batch, started, running, inline))
-
-    def _start(
-        self, lane: int, batch: Sequence[Queued], here: bool = False
-    ) -> asyncio.Future[BatchOutputs]:
-        """The batch's run on its instance's thread, or done right here (`here`)."""
         requests = [q.request for q in batch]
         sizes = [q.pending.batch_size for q in batch]
-        infer = self.instances[requests[0].version][lane]
-        loop = asyncio.get_running_loop()
-        if not here:
-            return loop.run_in_executor(
-                self._pool, run_batch, self.spec, infer, requests, sizes, self.device
-            )
-        done: asyncio.Future[BatchOutputs] = loop.create_future()
-        try:
-            done.set_result(run_batch(self.spec, infer, requests, sizes, self.device))
-        except Exception as exc:  # reported by _run_isolating, as from the instance thread
-            done.set_exception(exc)
-        return done
+        running = self.instances.start(lane, requests, sizes, here=inline)
+        self._spawn(self._execute(lane, batch, sizes, started, running, inline))
 
     async def _execute(
         self,
         lane: int,
         batch: list[Queued],
+        sizes: list[int],
         started: int,
         running: asyncio.Future[BatchOutputs],
-        inline: bool = False,
+        inline: bool,
     ) -> None:
         requests = [q.request for q in batch]
-        stats = BatchStats(
-            requests[0].version, sum(q.pending.batch_size for q in batch), started // 1_000_000
-        )
+        stats = BatchStats(requests[0].version, sum(sizes), started // 1_000_000)
         stats.queue_samples_ns = [max(0, started - r.enqueue_ns) for r in requests]
-        results = await self._run_isolating(lane, batch, stats, running)
+        results = await self.instances.run_isolating(lane, requests, sizes, stats, running)
         failed = sum(r.error is not None for r in results)
         stats.requests_ok, stats.requests_failed = len(results) - failed, failed
         finished = time.time_ns()
         stats.request_samples_ns = [max(0, finished - r.enqueue_ns) for r in requests]
-        if inline:
-            # nothing else was in hand: the answer goes out before the reader's next read
-            try:
-                await self.publisher.publish(batch, results, stats.increments())
-            finally:
+        if not inline:
+            # the instance is free now: let the next batch form while this one is published
+            self._free(lane)
+        # a batch run on the loop had nothing else in hand: its answer goes out before the
+        # reader's next read, its statistics with it
+        in_hand = not inline and (
+            bool(self.pending) or len(self.free_lanes) < self.spec.instance_count
+        )
+        try:
+            await self.publisher.publish(
+                batch, results, stats.increments(), defer_statistics=in_hand
+            )
+        finally:
+            if inline:
                 self._answering_inline = False
-        # the instance is free now: let the next batch form while this one is published
+                self._free(lane)
+        self.batches_done += 1
+
+    def _free(self, lane: int) -> None:
         self.free_lanes.append(lane)
         self._catch_up = not self._read_ahead
         self._update_room()
         self._wake.set()
-        if not inline:
-            in_hand = bool(self.pending) or len(self.free_lanes) < self.spec.instance_count
-            increments = stats.increments()
-            await self.publisher.publish(batch, results, increments, defer_statistics=in_hand)
-        self.batches_done += 1
-
-    async def _run_isolating(
-        self,
-        lane: int,
-        batch: Sequence[Queued],
-        stats: BatchStats,
-        running: asyncio.Future[BatchOutputs] | None = None,
-    ) -> list[Result]:
-        """Run a batch (or await its run, already started); if the model raises, re-run the
-        halves so only the culprit fails."""
-        requests = [q.request for q in batch]
-        try:
-            outputs, timing = await (running if running is not None else self._start(lane, batch))
-        except Exception as exc:  # the model's own failure, reported to its request
-            if len(batch) > 1:
-                middle = len(batch) // 2
-                return [
-                    *await self._run_isolating(lane, batch[:middle], stats),
-                    *await self._run_isolating(lane, batch[middle:], stats),
-                ]
-            error = (
-                exc
-                if isinstance(exc, ModelExecutionError)
-                else ModelExecutionError(f"model '{self.spec.name}' failed: {exc}")
-            )
-            log.warning("%s: request %s failed: %s", self.spec.name, requests[0].id, exc)
-            return [Result(requests[0].id, error=(error.code, error.message))]
-        stats.input_ns += timing.input_ns
-        stats.infer_ns += timing.infer_ns
-        stats.output_ns += timing.output_ns
-        self.last_run_ns = timing.input_ns + timing.infer_ns + timing.output_ns
-        return [Result(r.id, outs) for r, outs in zip(requests, outputs, strict=True)]
 
     # -- recovery ----------------------------------------------------------------------
 

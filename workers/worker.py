@@ -146,7 +146,8 @@ class Worker:
         """Model records and our heartbeat; re-sent every beat so a Redis that lost its data
         learns them again."""
         for queue in self.queues:
-            record = encode_model_record(queue.spec.config_json, sorted(queue.instances), None)
+            versions = sorted(queue.instances.by_version)
+            record = encode_model_record(queue.spec.config_json, versions, None)
             pipe.hset(keys.MODELS, queue.spec.name, record)
         for name, status in self.statuses.items():
             if not status.ready_versions:
@@ -165,9 +166,9 @@ class Worker:
             {
                 "batches": batches,
                 "batches_per_s": self._rate.update(batches, time.monotonic()),
-                "devices": sorted({str(q.device) for q in self.queues}),
+                "devices": sorted({str(q.instances.device) for q in self.queues}),
                 "instances": {
-                    q.spec.name: sum(len(lanes) for lanes in q.instances.values())
+                    q.spec.name: sum(len(lanes) for lanes in q.instances.by_version.values())
                     for q in self.queues
                 },
             },

@@ -1,0 +1,98 @@
+"""A model's instances inside a worker: where a batch runs, and who answers for a failure.
+
+Each instance (a lane) runs on a thread of its own, so the worker's event loop keeps reading
+and publishing while the model runs; a batch may also run right on the loop when nothing
+else could use it meanwhile (see `workers.batcher.runs_inline`). When the model raises on a
+batch, the halves are run again until only the request that fails is answered with the
+error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from shared.errors import ModelExecutionError
+from shared.model_config import ModelSpec
+from shared.protocol import Request, Result
+from shared.stats import BatchStats
+from workers.execution import BatchOutputs, adopt_torch_threads, run_batch
+from workers.models import Infer
+
+log = logging.getLogger(__name__)
+
+
+class Instances:
+    """`spec.instance_count` lanes per served version, each with its own thread."""
+
+    def __init__(
+        self, spec: ModelSpec, instances: dict[int, list[Infer]], device: torch.device
+    ) -> None:
+        self.spec = spec
+        #: version -> one callable per lane.
+        self.by_version = instances
+        self.default_version = max(instances)
+        self.device = device
+        #: wall time of the model's last successful run (None: no run yet).
+        self.last_run_ns: int | None = None
+        self._pool = ThreadPoolExecutor(
+            spec.instance_count, thread_name_prefix=spec.name, initializer=adopt_torch_threads
+        )
+
+    def start(
+        self, lane: int, requests: Sequence[Request], sizes: Sequence[int], here: bool = False
+    ) -> asyncio.Future[BatchOutputs]:
+        """The batch's run on its lane's thread, or done right here (`here`)."""
+        infer = self.by_version[requests[0].version][lane]
+        loop = asyncio.get_running_loop()
+        if not here:
+            return loop.run_in_executor(
+                self._pool, run_batch, self.spec, infer, requests, sizes, self.device
+            )
+        done: asyncio.Future[BatchOutputs] = loop.create_future()
+        try:
+            done.set_result(run_batch(self.spec, infer, requests, sizes, self.device))
+        except Exception as exc:  # reported by run_isolating, as from the lane's thread
+            done.set_exception(exc)
+        return done
+
+    async def run_isolating(
+        self,
+        lane: int,
+        requests: Sequence[Request],
+        sizes: Sequence[int],
+        stats: BatchStats,
+        running: asyncio.Future[BatchOutputs] | None = None,
+    ) -> list[Result]:
+        """Run a batch (or await its run, already started); if the model raises, re-run the
+        halves so only the culprit fails."""
+        try:
+            started = running if running is not None else self.start(lane, requests, sizes)
+            outputs, timing = await started
+        except Exception as exc:  # the model's own failure, reported to its request
+            if len(requests) > 1:
+                middle = len(requests) // 2
+                return [
+                    *await self.run_isolating(lane, requests[:middle], sizes[:middle], stats),
+                    *await self.run_isolating(lane, requests[middle:], sizes[middle:], stats),
+                ]
+            error = (
+                exc
+                if isinstance(exc, ModelExecutionError)
+                else ModelExecutionError(f"model '{self.spec.name}' failed: {exc}")
+            )
+            log.warning("%s: request %s failed: %s", self.spec.name, requests[0].id, exc)
+            return [Result(requests[0].id, error=(error.code, error.message))]
+        stats.input_ns += timing.input_ns
+        stats.infer_ns += timing.infer_ns
+        stats.output_ns += timing.output_ns
+        self.last_run_ns = timing.input_ns + timing.infer_ns + timing.output_ns
+        return [Result(r.id, outs) for r, outs in zip(requests, outputs, strict=True)]
+
+    def shutdown(self) -> None:
+        """Wait for the runs in progress, then let the threads go."""
+        self._pool.shutdown(wait=True)
