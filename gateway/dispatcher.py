@@ -224,6 +224,10 @@ class Dispatcher:
                     last_id = entry_id
                     unread_trim += 1
                     self._resolve(fields)
+            if reply:
+                # the resolved requests' answers go out before the next read is sent: that
+                # write wakes Redis, and at low load it would hold up the clients' replies
+                await asyncio.sleep(0)
 
     async def _server_identity(self) -> tuple[str, bool] | None:
         """(run id, whether it persists writes): tells a restart that lost the queue."""
