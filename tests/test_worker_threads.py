@@ -14,7 +14,7 @@ import redis
 
 from shared import keys
 from shared.protocol import Request, Result, Tensor, decode_results, encode_requests
-from tests.streams import collect_results, int_request, serving_python_model
+from tests.streams import int_request, serving_python_model
 
 CONFIG = """
 name: "threads"
@@ -25,9 +25,11 @@ output [ { name: "OUT", data_type: TYPE_INT64, dims: [ 1 ] } ]
 parameters: { key: "INTRA_OP_THREAD_COUNT" value: { string_value: "1" } }
 """
 
-#: answers with the OpenMP thread count that MKL would use in the calling thread.
+#: answers 10 x the OpenMP thread count that MKL would use in the calling thread, plus 1 on
+#: the worker's event-loop thread.
 MODEL = textwrap.dedent("""
     import ctypes
+    import threading
     from pathlib import Path
 
     import torch
@@ -39,18 +41,26 @@ MODEL = textwrap.dedent("""
             pass
 
         def infer(self, inputs):
-            return {"OUT": torch.full_like(inputs["IN"], LIBGOMP.omp_get_max_threads())}
+            on_loop = threading.current_thread() is threading.main_thread()
+            threads = LIBGOMP.omp_get_max_threads()
+            return {"OUT": torch.full_like(inputs["IN"], 10 * threads + int(on_loop))}
 """)
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: any thread count is 1")
-def test_the_instance_thread_uses_the_configured_intra_op_thread_count(
+def test_every_thread_a_batch_runs_on_uses_the_configured_intra_op_thread_count(
     tmp_path: Path, redis_url: str
 ) -> None:
     reply_to = keys.reply_stream("test")
+    stream = keys.request_stream("threads")
     with serving_python_model(tmp_path, "threads", CONFIG, MODEL, redis_url) as client:
-        client.xadd(keys.request_stream("threads"), encode_requests([int_request(0, reply_to)]))
-        assert collect_results(client, reply_to, 1) == [("r0", 1)]
+        answers = []
+        for i in range(8):  # one at a time: after the first, they run on the loop's thread
+            client.xadd(stream, encode_requests([int_request(i, reply_to)]))
+            answers.append(first_value(next_result(client, reply_to, i)))
+    assert answers[0] == 10  # the instance thread
+    assert {a // 10 for a in answers} == {1}
+    assert 11 in answers[1:]  # the loop's thread (see the test below on when it is used)
 
 
 WHERE_CONFIG = """

@@ -149,11 +149,12 @@ BatchOutputs = tuple[list[list[Tensor]], BatchTiming]
 
 
 def adopt_torch_threads() -> None:
-    """Give a new instance thread the process's torch thread count.
+    """Give the calling thread (an instance's, or the event loop's: both run batches) the
+    process's torch thread count.
 
-    OpenMP keeps its thread count per thread, and torch applies its own count to a new
-    thread only on the first operator large enough to split. Until then MKL runs every
-    matrix product of small batches on a team of all the cores, whatever
+    OpenMP keeps its thread count per thread, and torch applies its own count to a thread
+    other than the one that set it only on the first operator large enough to split. Until
+    then MKL runs every matrix product of small batches on a team of all the cores, whatever
     INTRA_OP_THREAD_COUNT says, and the team's spare thread spins between products.
     """
     torch.set_num_threads(torch.get_num_threads())

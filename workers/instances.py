@@ -42,6 +42,8 @@ class Instances:
         self._pool = ThreadPoolExecutor(
             spec.instance_count, thread_name_prefix=spec.name, initializer=adopt_torch_threads
         )
+        # made on the event loop's thread, which runs batches too (`start(here=True)`)
+        adopt_torch_threads()
 
     def start(
         self, lane: int, requests: Sequence[Request], sizes: Sequence[int], here: bool = False
