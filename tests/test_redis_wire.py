@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 import redis.asyncio as aioredis
 from redis.asyncio.connection import Connection
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared.redis_client import async_client, is_cluster
 from shared.redis_wire import Wire, pack, stream_entries, xadd
@@ -108,3 +110,50 @@ def test_pack_writes_what_redis_py_writes() -> None:
     buffers = pack(commands)
     assert b"".join(bytes(b) for b in buffers) == b"".join(bytes(b) for b in reference)
     assert any(b is commands[0][-1] for b in buffers)  # the blob itself, not a copy
+
+
+async def test_no_commands_is_no_round_trip(wire: Wire) -> None:
+    assert await asyncio.wait_for(wire.execute(), 5) == []
+
+
+@pytest.mark.usefixtures("own_connections")
+async def test_a_call_on_a_new_connection_that_is_killed_fails_as_a_connection_error(
+    wire: Wire, client: aioredis.Redis
+) -> None:
+    read = asyncio.create_task(wire.call("XREAD", "BLOCK", 0, "STREAMS", "{w}s", "$"))
+    blocked = []
+    while not blocked:  # Redis's state: nothing to await until it shows the block
+        await asyncio.sleep(0.005)
+        listing = (await client.execute_command("CLIENT", "LIST")).decode()
+        blocked = [line for line in listing.splitlines() if "cmd=xread" in line]
+    (client_id,) = (field[3:] for field in blocked[0].split() if field.startswith("id="))
+    await client.execute_command("CLIENT", "KILL", "ID", client_id)
+    with pytest.raises(RedisConnectionError):
+        await read
+    assert await wire.call("PING") == b"PONG"
+
+
+@pytest.mark.usefixtures("own_connections")
+async def test_a_reply_that_does_not_come_within_the_socket_timeout_fails_the_call(
+    redis_url: str,
+) -> None:
+    impatient = async_client(redis_url, socket_timeout_s=0.2)
+    wire = Wire(impatient)
+    try:
+        first = await wire.call("CLIENT", "ID")
+        with pytest.raises(RedisTimeoutError):
+            await wire.call("XREAD", "BLOCK", 0, "STREAMS", "{w}quiet", "$")
+        assert await wire.call("CLIENT", "ID") != first  # the out-of-step one is dropped
+    finally:
+        await wire.close()
+        await impatient.aclose()
+
+
+@pytest.mark.usefixtures("own_connections")
+async def test_push_messages_are_no_call_s_reply(wire: Wire, client: aioredis.Redis) -> None:
+    await wire.call("CLIENT", "TRACKING", "ON")
+    await wire.call("SET", "{w}tracked", "1")
+    assert await wire.call("GET", "{w}tracked") == b"1"
+    await client.set("{w}tracked", "2")  # Redis pushes an invalidation to the wire's connection
+    assert await wire.call("GET", "{w}tracked") == b"2"
+    assert await wire.call("ECHO", "in step") == b"in step"
