@@ -25,9 +25,10 @@ from typing import Any
 
 import hiredis
 import redis.asyncio as aioredis
+from redis._parsers.base import BaseParser
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared.redis_client import is_cluster
@@ -94,7 +95,10 @@ class _Link(asyncio.Protocol):
         self._connection = connection
         self._timeout_s = timeout_s
         self._transport: asyncio.Transport = connection._writer.transport
-        self._reader = hiredis.Reader(replyError=ResponseError, notEnoughData=_NOT_ENOUGH_DATA)
+        # error replies become redis-py's exception classes (LOADING: a connection error)
+        self._reader = hiredis.Reader(
+            replyError=BaseParser.parse_error, notEnoughData=_NOT_ENOUGH_DATA
+        )
         self._calls: deque[tuple[asyncio.Future[list[Any]], int, list[Any]]] = deque()
         self._transport.set_protocol(self)
 
@@ -187,7 +191,7 @@ class Wire:
             raise
         self._idle.append(link)
         for reply in replies:
-            if isinstance(reply, ResponseError):
+            if isinstance(reply, RedisError):
                 raise reply
         return replies
 

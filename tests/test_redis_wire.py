@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.asyncio.connection import Connection
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared.redis_client import async_client, is_cluster
@@ -156,4 +156,11 @@ async def test_push_messages_are_no_call_s_reply(wire: Wire, client: aioredis.Re
     assert await wire.call("GET", "{w}tracked") == b"1"
     await client.set("{w}tracked", "2")  # Redis pushes an invalidation to the wire's connection
     assert await wire.call("GET", "{w}tracked") == b"2"
+    assert await wire.call("ECHO", "in step") == b"in step"
+
+
+@pytest.mark.usefixtures("own_connections")
+async def test_error_replies_raise_redis_py_s_exception_classes(wire: Wire) -> None:
+    with pytest.raises(NoScriptError):
+        await wire.call("EVALSHA", "0" * 40, 0)
     assert await wire.call("ECHO", "in step") == b"in step"
