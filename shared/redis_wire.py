@@ -95,6 +95,7 @@ class _Link(asyncio.Protocol):
         self._connection = connection
         self._timeout_s = timeout_s
         self._transport: asyncio.Transport = connection._writer.transport
+        self._loop = asyncio.get_running_loop()
         # error replies become redis-py's exception classes (LOADING: a connection error)
         self._reader = hiredis.Reader(
             replyError=BaseParser.parse_error, notEnoughData=_NOT_ENOUGH_DATA
@@ -105,13 +106,12 @@ class _Link(asyncio.Protocol):
     async def round_trip(self, buffers: list[Any], count: int) -> list[Any]:
         if self._transport.is_closing():
             raise RedisConnectionError("Connection to Redis closed")
-        loop = asyncio.get_running_loop()
-        reply: asyncio.Future[list[Any]] = loop.create_future()
+        reply: asyncio.Future[list[Any]] = self._loop.create_future()
         self._calls.append((reply, count, []))
         self._transport.writelines(buffers)
         if self._timeout_s is None:
             return await reply
-        timer = loop.call_later(self._timeout_s, self._time_out)
+        timer = self._loop.call_later(self._timeout_s, self._time_out)
         try:
             return await reply
         finally:
