@@ -4,7 +4,10 @@ and RESP packed as redis-py packs it."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import shutil
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,8 +17,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from shared.redis_client import async_client, is_cluster
+from shared.redis_client import async_client, is_cluster, sync_client
 from shared.redis_wire import Wire, pack, stream_entries, xadd
+from tests.conftest import free_port, wait_until
 
 
 @pytest.fixture
@@ -164,3 +168,64 @@ async def test_error_replies_raise_redis_py_s_exception_classes(wire: Wire) -> N
     with pytest.raises(NoScriptError):
         await wire.call("EVALSHA", "0" * 40, 0)
     assert await wire.call("ECHO", "in step") == b"in step"
+
+
+@pytest.fixture
+def tls_redis_url(tmp_path: Path) -> Iterator[str]:
+    """A redis-server speaking only TLS (a managed Redis's rediss://), with its own cert."""
+    server, openssl = shutil.which("redis-server"), shutil.which("openssl")
+    if server is None or openssl is None:
+        pytest.skip("needs redis-server and openssl on PATH")
+    cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
+    make_cert = (openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1")
+    subprocess.run(
+        [*make_cert, "-subj", "/CN=localhost", "-keyout", key, "-out", cert],
+        check=True,
+        capture_output=True,
+    )
+    port = free_port()
+    tls = ("--tls-port", str(port), "--tls-cert-file", cert, "--tls-key-file", key)
+    trust = ("--tls-ca-cert-file", cert, "--tls-auth-clients", "no")
+    quiet = ("--save", "", "--appendonly", "no", "--dir", str(tmp_path))
+    process = subprocess.Popen(
+        [server, "--port", "0", *tls, *trust, *quiet],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"rediss://127.0.0.1:{port}/0?ssl_cert_reqs=none"
+    probe = sync_client(url)
+
+    def answers() -> bool:
+        if process.poll() is not None:
+            return True
+        try:
+            return bool(probe.ping())
+        except RedisConnectionError:
+            return False
+
+    try:
+        wait_until(answers, "the TLS redis-server")
+        if process.poll() is not None:
+            pytest.skip("this redis-server was built without TLS")
+        yield url
+    finally:
+        probe.close()
+        process.terminate()
+        process.wait()
+
+
+async def test_a_wire_speaks_over_tls(tls_redis_url: str) -> None:
+    client = async_client(tls_redis_url)
+    wire = Wire(client)
+    blob = bytes(range(256)) * 400  # 100 KB: written as a buffer of its own
+    try:
+        entry_id, length = await wire.execute(
+            xadd("{w}s", {"h": b"1", "d": blob}), ("XLEN", "{w}s")
+        )
+        assert length == 1
+        reply = await wire.call("XREAD", "COUNT", 1, "STREAMS", "{w}s", "0-0")
+        ((_, ((read_id, fields),)),) = stream_entries(reply)
+        assert (read_id, fields) == (entry_id, [b"h", b"1", b"d", blob])
+    finally:
+        await wire.close()
+        await client.aclose()
