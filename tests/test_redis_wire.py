@@ -124,13 +124,21 @@ async def test_no_commands_is_no_round_trip(wire: Wire) -> None:
 async def test_a_call_on_a_new_connection_that_is_killed_fails_as_a_connection_error(
     wire: Wire, client: aioredis.Redis
 ) -> None:
-    read = asyncio.create_task(wire.call("XREAD", "BLOCK", 0, "STREAMS", "{w}s", "$"))
-    blocked = []
-    while not blocked:  # Redis's state: nothing to await until it shows the block
-        await asyncio.sleep(0.005)
+    async def blocked_readers() -> set[str]:
         listing = (await client.execute_command("CLIENT", "LIST")).decode()
-        blocked = [line for line in listing.splitlines() if "cmd=xread" in line]
-    (client_id,) = (field[3:] for field in blocked[0].split() if field.startswith("id="))
+        return {
+            line.split()[0].removeprefix("id=")  # CLIENT LIST lines begin with id=
+            for line in listing.splitlines()
+            if "cmd=xread" in line
+        }
+
+    earlier = await blocked_readers()  # a connection of another test, not yet closed
+    read = asyncio.create_task(wire.call("XREAD", "BLOCK", 0, "STREAMS", "{w}s", "$"))
+    ours: set[str] = set()
+    while not ours:  # Redis's state: nothing to await until it shows the block
+        await asyncio.sleep(0.005)
+        ours = await blocked_readers() - earlier
+    (client_id,) = ours
     await client.execute_command("CLIENT", "KILL", "ID", client_id)
     with pytest.raises(RedisConnectionError):
         await read
