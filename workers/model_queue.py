@@ -383,18 +383,18 @@ class ModelQueue:
         requests = [q.request for q in batch]
         sizes = [q.pending.batch_size for q in batch]
         running = self.instances.start(lane, requests, sizes, here=inline)
-        self._spawn(self._execute(lane, batch, sizes, started, running, inline))
+        self._spawn(self._execute(lane, batch, requests, sizes, started, running, inline))
 
     async def _execute(
         self,
         lane: int,
         batch: list[Queued],
+        requests: list[Request],
         sizes: list[int],
         started: int,
         running: asyncio.Future[BatchOutputs],
         inline: bool,
     ) -> None:
-        requests = [q.request for q in batch]
         stats = BatchStats(requests[0].version, sum(sizes), started // 1_000_000)
         stats.queue_samples_ns = [max(0, started - r.enqueue_ns) for r in requests]
         results = await self.instances.run_isolating(lane, requests, sizes, stats, running)
