@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 
 from shared import keys
 from shared.errors import Cancelled, Unavailable
+from shared.idle_poll import DEFAULT_WINDOW_US, IdlePoll
 from shared.lua import Lua
 from shared.protocol import ProtocolError, Request, Result, decode_results, encode_requests
 from shared.redis_client import REDIS_ERRORS, server_info
@@ -71,7 +72,13 @@ def _ignore_failure(task: asyncio.Future[object]) -> None:
 
 
 class Dispatcher:
-    def __init__(self, redis: aioredis.Redis, reader: aioredis.Redis, gateway_id: str) -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        reader: aioredis.Redis,
+        gateway_id: str,
+        idle_poll_us: int = DEFAULT_WINDOW_US,
+    ) -> None:
         self.redis = redis
         self.reader = reader
         #: the hot path's commands on connections of their own: sends, and the reply read.
@@ -89,6 +96,8 @@ class Dispatcher:
         self.inflight: Counter[str] = Counter()
         #: per model with preserve_ordering: released when the latest request was answered.
         self._last_released: dict[str, asyncio.Future[None]] = {}
+        #: with one request in flight, poll for its reply and the client's next request
+        self.idle_poll = IdlePoll(idle_poll_us * 1000, lambda: len(self.waiting) <= 1)
 
     def new_request_id(self) -> str:
         return f"{self._prefix}:{next(self._ids)}"
@@ -177,6 +186,7 @@ class Dispatcher:
                 commands.append(
                     xadd(stream, encode_requests(requests[start : start + route.max_per_entry]))
                 )
+        self.idle_poll.arm()
         try:
             replies = await self._sends.execute(*commands)
         except REDIS_ERRORS as exc:
@@ -225,6 +235,7 @@ class Dispatcher:
                     unread_trim += 1
                     self._resolve(fields)
             if reply:
+                self.idle_poll.arm()
                 # the resolved requests' answers go out before the next read is sent: that
                 # write wakes Redis, and at low load it would hold up the clients' replies
                 await asyncio.sleep(0)
@@ -266,6 +277,7 @@ class Dispatcher:
         return {slot: n for slot, n in self.inflight.items() if n}
 
     async def close(self) -> None:
+        self.idle_poll.stop()
         if self._sending:
             await asyncio.gather(*self._sending, return_exceptions=True)
         await self._sends.close()

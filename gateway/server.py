@@ -20,6 +20,7 @@ from gateway.jobs import JobStore
 from gateway.metrics import MetricsApp
 from gateway.model_table import ModelTable
 from shared.gc_tuning import settle_after_startup
+from shared.idle_poll import DEFAULT_WINDOW_US
 from shared.redis_client import REDIS_ERRORS, async_client
 from shared.tasks import stop_tasks
 
@@ -35,6 +36,8 @@ class GatewayConfig:
     limits: GatewayLimits = field(default_factory=GatewayLimits)
     #: seconds to answer in-flight requests after a stop signal.
     graceful_shutdown_s: float = 30.0
+    #: microseconds to keep polling with one request in flight (0: sleep at once).
+    idle_poll_us: int = DEFAULT_WINDOW_US
 
 
 async def serve_gateway(
@@ -47,7 +50,7 @@ async def serve_gateway(
     gateway_id = f"gw-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     redis = async_client(config.redis_url)
     reader = async_client(config.redis_url, socket_timeout_s=None)
-    dispatcher = Dispatcher(redis, reader, gateway_id)
+    dispatcher = Dispatcher(redis, reader, gateway_id, config.idle_poll_us)
     table = ModelTable(redis, gateway_id, dispatcher.inflight_snapshot)
     waiter = async_client(config.redis_url, socket_timeout_s=None)
     jobs = JobStore(redis, waiter, config.limits.job_ttl_s)

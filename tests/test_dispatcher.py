@@ -121,3 +121,27 @@ async def test_cancel_publishes_the_request_id(dispatcher: Dispatcher, redis_url
     message = await listener.get_message(ignore_subscribe_messages=True, timeout=5)
     assert message is not None and message["data"] == request.id.encode()
     await listener.aclose()
+
+
+async def test_it_polls_with_one_request_in_flight_and_not_with_more(redis_url: str) -> None:
+    redis = async_client(redis_url)
+    reader = async_client(redis_url, socket_timeout_s=None)
+    d = Dispatcher(redis, reader, "gw-poll", idle_poll_us=600_000_000)
+    replies = asyncio.create_task(d.read_replies())
+    first = asyncio.create_task(d.submit(Route("polled"), _request(d), 30))
+    await _entries(redis, "polled", 1)
+    assert d.idle_poll.polling  # one request in flight: the reply is all it waits for
+    second = asyncio.create_task(d.submit(Route("polled"), _request(d), 30))
+    await _entries(redis, "polled", 2)
+    await asyncio.sleep(0)
+    assert not d.idle_poll.polling  # two in flight: the loop sleeps when it has nothing to do
+    await _answer(redis, d, *d.waiting)
+    await asyncio.gather(first, second)
+    assert d.idle_poll.polling  # answered: polls for the client's next request
+    await d.close()
+    await asyncio.sleep(0)
+    assert not d.idle_poll.polling  # closed: polling ends at the next turn
+    replies.cancel()
+    await asyncio.gather(replies, return_exceptions=True)
+    await redis.aclose()
+    await reader.aclose()

@@ -27,6 +27,7 @@ import torch
 
 from shared import keys
 from shared.errors import InvalidInput, SluiceError
+from shared.idle_poll import DEFAULT_WINDOW_US, IdlePoll
 from shared.model_config import ModelSpec
 from shared.protocol import ProtocolError, Request, Result, decode_requests
 from shared.queue_policy import QueuePolicy, deadline_us
@@ -80,6 +81,7 @@ class ModelQueue:
         consumer: str,
         block_ms: int = 1000,
         recovery: RecoveryPolicy | None = None,
+        idle_poll_us: int = DEFAULT_WINDOW_US,
     ) -> None:
         self.spec = spec
         self.signature = Signature.from_config(spec.config_json)
@@ -124,6 +126,11 @@ class ModelQueue:
         self._answering_inline = False
         #: ids cancelled before this worker read them (insertion-ordered, bounded).
         self._cancelled: dict[str, None] = {}
+        #: after a batch run on the loop (lone requests), poll for the next one
+        self.idle_poll = IdlePoll(
+            idle_poll_us * 1000,
+            lambda: not self.pending and len(self.free_lanes) == spec.instance_count,
+        )
 
     async def ensure_groups(self) -> None:
         for stream in self.streams:
@@ -189,6 +196,7 @@ class ModelQueue:
                 task.cancel()
             if self._running:
                 await asyncio.gather(*self._running, return_exceptions=True)
+            self.idle_poll.stop()
             self.instances.shutdown()
             await self._reads.close()
             await self.publisher.close()
@@ -418,6 +426,7 @@ class ModelQueue:
             if inline:
                 self._answering_inline = False
                 self._free(lane)
+                self.idle_poll.arm()
         self.batches_done += 1
 
     def _free(self, lane: int) -> None:

@@ -19,6 +19,7 @@ from redis.asyncio.client import Pipeline
 from shared import keys
 from shared.errors import ModelConfigError
 from shared.gc_tuning import settle_after_startup
+from shared.idle_poll import DEFAULT_WINDOW_US
 from shared.redis_client import REDIS_ERRORS, async_client
 from shared.registry import (
     HEARTBEAT_INTERVAL_S,
@@ -52,6 +53,8 @@ class WorkerConfig:
     #: serve GET /v2/health/live and /ready here (None: no probe port).
     health_port: int | None = None
     health_host: str = "127.0.0.1"
+    #: microseconds to keep polling after a batch run at low load (0: sleep at once).
+    idle_poll_us: int = DEFAULT_WINDOW_US
 
     def member_id(self) -> str:
         suffix = uuid.uuid4().hex[:6]
@@ -238,6 +241,7 @@ class Worker:
                     self.id,
                     self.config.block_ms,
                     self.config.recovery,
+                    self.config.idle_poll_us,
                 )
             )
         settle_after_startup()
