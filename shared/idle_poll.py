@@ -42,8 +42,8 @@ class IdlePoll:
 
     def arm(self) -> None:
         """Poll until the window after now has passed, or `may_poll()` turns false."""
-        if not self.window_ns:
-            return
+        if not self.window_ns or not self._may_poll():
+            return  # under load: not even one turn
         self._until = self._clock() + self.window_ns
         if not self.polling:
             self.polling = True

@@ -135,9 +135,13 @@ async def test_it_polls_with_one_request_in_flight_and_not_with_more(redis_url: 
     await _entries(redis, "polled", 2)
     await asyncio.sleep(0)
     assert not d.idle_poll.polling  # two in flight: the loop sleeps when it has nothing to do
+    second_id = list(d.waiting)[1]
+    await _answer(redis, d, second_id)
+    await second
+    assert not d.idle_poll.polling
     await _answer(redis, d, *d.waiting)
-    await asyncio.gather(first, second)
-    assert d.idle_poll.polling  # answered: polls for the client's next request
+    await first
+    assert d.idle_poll.polling  # the last one answered: polls for the client's next request
     await d.close()
     await asyncio.sleep(0)
     assert not d.idle_poll.polling  # closed: polling ends at the next turn

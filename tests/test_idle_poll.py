@@ -102,3 +102,10 @@ async def test_stop_ends_the_window_at_the_next_turn() -> None:
     poll.stop()
     await until_still(poll)
     assert clock.turns == 1
+
+
+async def test_arming_while_polling_is_not_allowed_schedules_nothing() -> None:
+    clock = TurnClock()
+    poll = IdlePoll(10**9, lambda: False, clock, clock.pause)
+    poll.arm()
+    assert not poll.polling
