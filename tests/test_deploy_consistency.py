@@ -192,6 +192,12 @@ def test_gateway_hpa_scales_the_gateway_on_cpu() -> None:
     (metric,) = hpa["spec"]["metrics"]
     assert metric["resource"]["name"] == "cpu"
     assert 1 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
+    # idle polling would burn CPU at low load, which the autoscaler would read as load
+    (container,) = one_of_kind("Deployment", "sluice-gateway")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["SLUICE_IDLE_POLL_US"] == "0"
     assert "replicas" not in one_of_kind("Deployment", "sluice-gateway")["spec"]
 
 
