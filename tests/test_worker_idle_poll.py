@@ -1,0 +1,65 @@
+"""A worker that ran lone requests on its event loop keeps polling for the next one
+(`--idle-poll-us`), and sleeps at once with a zero window."""
+
+from __future__ import annotations
+
+import contextlib
+import textwrap
+from pathlib import Path
+
+import pytest
+import redis
+
+from shared import keys
+from shared.protocol import encode_requests
+from tests.conftest import wait_until
+from tests.streams import collect_results, int_request, running_worker, write_python_model
+
+CONFIG = """
+name: "plus"
+backend: "python"
+max_batch_size: 4
+input [ { name: "IN", data_type: TYPE_INT64, dims: [ 1 ] } ]
+output [ { name: "OUT", data_type: TYPE_INT64, dims: [ 1 ] } ]
+"""
+
+MODEL = textwrap.dedent("""
+    class Model:
+        def __init__(self, context):
+            pass
+
+        def infer(self, inputs):
+            return {"OUT": inputs["IN"] + 1}
+""")
+
+#: ten minutes: a window that outlasts the test.
+LONG_WINDOW_US = 600_000_000
+
+
+def _state(pid: int) -> str:
+    """The scheduler state of the worker's main thread, where its event loop runs."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]
+
+
+@pytest.mark.parametrize("window_us", [LONG_WINDOW_US, 0])
+def test_a_worker_polls_after_lone_requests_only_with_a_window(
+    tmp_path: Path, redis_url: str, window_us: int
+) -> None:
+    repo = write_python_model(tmp_path, "plus", CONFIG, MODEL)
+    client = redis.Redis.from_url(redis_url)
+    stream, reply_to = keys.request_stream("plus"), keys.reply_stream("test")
+    with (
+        running_worker(repo, redis_url, "--idle-poll-us", str(window_us)) as worker,
+        contextlib.closing(client),
+    ):
+        # one at a time, each answered before the next: after the first two (which tell the
+        # worker how long a run takes and how far apart requests come) they run on its loop
+        for i in range(4):
+            client.xadd(stream, encode_requests([int_request(i, reply_to)]))
+            assert collect_results(client, reply_to, i + 1)[-1] == (f"r{i}", i + 1)
+        if window_us:
+            # never asleep: the loop keeps turning between the requests
+            assert all(_state(worker.pid) == "R" for _ in range(200))
+        else:
+            wait_until(lambda: _state(worker.pid) == "S", "the worker to sleep")
