@@ -44,6 +44,16 @@ GATED_MODEL = textwrap.dedent('''
             return {"OUT": inputs["IN"] + 1}
 ''')
 
+#: a python-backend model that adds one to IN, for tests about the worker around it.
+PLUS_ONE_MODEL = textwrap.dedent("""
+    class Model:
+        def __init__(self, context):
+            pass
+
+        def infer(self, inputs):
+            return {"OUT": inputs["IN"] + 1}
+""")
+
 
 def write_python_model(root: Path, name: str, config: str, model: str) -> Path:
     """A repository at `root` holding version 1 of a python-backend model."""

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 from shared import keys
 from shared.protocol import encode_requests
-from tests.streams import collect_results, int_request, serving_python_model
+from tests.streams import PLUS_ONE_MODEL, collect_results, int_request, serving_python_model
 
 #: ten minutes: a request that waited it out would outlast the test.
 DELAY_US = 600_000_000
@@ -21,22 +20,13 @@ output [ {{ name: "OUT", data_type: TYPE_INT64, dims: [ 1 ] }} ]
 dynamic_batching {{ max_queue_delay_microseconds: {DELAY_US} }}
 """
 
-MODEL = textwrap.dedent("""
-    class Model:
-        def __init__(self, context):
-            pass
-
-        def infer(self, inputs):
-            return {"OUT": inputs["IN"] + 1}
-""")
-
 
 def test_a_request_after_a_quiet_spell_runs_without_waiting_the_delay(
     tmp_path: Path, redis_url: str
 ) -> None:
     stream = keys.request_stream("plus")
     reply_to = keys.reply_stream("test")
-    with serving_python_model(tmp_path, "plus", CONFIG, MODEL, redis_url) as client:
+    with serving_python_model(tmp_path, "plus", CONFIG, PLUS_ONE_MODEL, redis_url) as client:
         earlier = int_request(0, reply_to)
         earlier.enqueue_ns -= 2 * DELAY_US * 1000  # already past its delay: it runs at once
         client.xadd(stream, encode_requests([earlier]))

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import contextlib
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,13 @@ import redis
 from shared import keys
 from shared.protocol import encode_requests
 from tests.conftest import wait_until
-from tests.streams import collect_results, int_request, running_worker, write_python_model
+from tests.streams import (
+    PLUS_ONE_MODEL,
+    collect_results,
+    int_request,
+    running_worker,
+    write_python_model,
+)
 
 CONFIG = """
 name: "plus"
@@ -22,15 +27,6 @@ max_batch_size: 4
 input [ { name: "IN", data_type: TYPE_INT64, dims: [ 1 ] } ]
 output [ { name: "OUT", data_type: TYPE_INT64, dims: [ 1 ] } ]
 """
-
-MODEL = textwrap.dedent("""
-    class Model:
-        def __init__(self, context):
-            pass
-
-        def infer(self, inputs):
-            return {"OUT": inputs["IN"] + 1}
-""")
 
 #: ten minutes: a window that outlasts the test.
 LONG_WINDOW_US = 600_000_000
@@ -46,7 +42,7 @@ def _state(pid: int) -> str:
 def test_a_worker_polls_after_lone_requests_only_with_a_window(
     tmp_path: Path, redis_url: str, window_us: int
 ) -> None:
-    repo = write_python_model(tmp_path, "plus", CONFIG, MODEL)
+    repo = write_python_model(tmp_path, "plus", CONFIG, PLUS_ONE_MODEL)
     client = redis.Redis.from_url(redis_url)
     stream, reply_to = keys.request_stream("plus"), keys.reply_stream("test")
     with (
