@@ -126,7 +126,7 @@ def _input(item: Any, index: int, binary: memoryview, used: int) -> tuple[Tensor
     name = item["name"]
     where = f"input '{name}'"
     datatype = item.get("datatype")
-    if datatype not in ELEMENT_SIZE:
+    if not isinstance(datatype, str) or datatype not in ELEMENT_SIZE:
         raise InvalidInput(f"{where}: unknown datatype {datatype!r}")
     shape = _shape(item, where)
     params = item.get("parameters") or {}

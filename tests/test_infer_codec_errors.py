@@ -47,6 +47,10 @@ def expect_invalid(
             {"inputs": [{"name": "IN", "datatype": "TYPE_FP32", "shape": [1, 4], "data": FOUR}]},
             "input 'IN': unknown datatype 'TYPE_FP32'",
         ),
+        (
+            {"inputs": [{"name": "IN", "datatype": [], "shape": [1, 4], "data": FOUR}]},
+            r"input 'IN': unknown datatype \[\]",
+        ),
         ({"inputs": [fp32_input("1,4", FOUR)]}, "input 'IN': 'shape'"),
         ({"inputs": [fp32_input([1, -4], FOUR)]}, "input 'IN': 'shape'"),
         ({"inputs": [fp32_input([1, 4.0], FOUR)]}, "input 'IN': 'shape'"),
