@@ -7,7 +7,7 @@ outputs go back as views into the model's own output buffer, cut at each request
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -166,11 +166,16 @@ def run_batch(
     requests: Sequence[Request],
     sizes: Sequence[int],
     device: torch.device,
+    stacked: Callable[[], None] = lambda: None,
 ) -> BatchOutputs:
-    """Run one batch on one instance; called in the instance's thread."""
+    """Run one batch on one instance; called in the instance's thread. `stacked` is called
+    once the inputs are stacked (or failed to stack), just before the model runs."""
     timing = BatchTiming()
     t0 = time.perf_counter_ns()
-    inputs = collate(spec, requests, device)
+    try:
+        inputs = collate(spec, requests, device)
+    finally:
+        stacked()
     t1 = time.perf_counter_ns()
     with torch.inference_mode():
         outputs = infer(inputs)

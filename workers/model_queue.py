@@ -411,8 +411,10 @@ class ModelQueue:
         finished = time.time_ns()
         stats.request_samples_ns = [max(0, finished - r.enqueue_ns) for r in requests]
         if not inline:
-            # the instance is free now: let the next batch form while this one is published
+            # the instance is free now: let the batch loop start the next batch before this
+            # one's answers are encoded and written, which then overlap the next run
             self._free(lane)
+            await asyncio.sleep(0)
         # a batch run on the loop had nothing else in hand: its answer goes out before the
         # reader's next read, its statistics with it
         in_hand = not inline and (
