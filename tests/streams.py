@@ -55,6 +55,18 @@ PLUS_ONE_MODEL = textwrap.dedent("""
 """)
 
 
+def int_model_config(name: str) -> str:
+    """A python-backend model `name` taking INT64 `IN` and answering INT64 `OUT`, batches of
+    up to 4."""
+    return f"""
+name: "{name}"
+backend: "python"
+max_batch_size: 4
+input [ {{ name: "IN", data_type: TYPE_INT64, dims: [ 1 ] }} ]
+output [ {{ name: "OUT", data_type: TYPE_INT64, dims: [ 1 ] }} ]
+"""
+
+
 def write_python_model(root: Path, name: str, config: str, model: str) -> Path:
     """A repository at `root` holding version 1 of a python-backend model."""
     (root / name / "1").mkdir(parents=True)

@@ -12,16 +12,10 @@ from typing import Any
 import torch
 
 from shared.model_config import load_model_config
-from tests.streams import int_request
+from tests.streams import int_model_config, int_request
 from workers.instances import Instances
 
-CONFIG = """
-name: "gate"
-backend: "python"
-max_batch_size: 4
-input [ { name: "IN", data_type: TYPE_INT64, dims: [ 1 ] } ]
-output [ { name: "OUT", data_type: TYPE_INT64, dims: [ 1 ] } ]
-"""
+CONFIG = int_model_config("gate")
 
 #: long enough that only a missing hand-off lets `start` return before the model is called.
 WAIT_S = 60.0

@@ -15,18 +15,13 @@ from tests.conftest import wait_until
 from tests.streams import (
     PLUS_ONE_MODEL,
     collect_results,
+    int_model_config,
     int_request,
     running_worker,
     write_python_model,
 )
 
-CONFIG = """
-name: "plus"
-backend: "python"
-max_batch_size: 4
-input [ { name: "IN", data_type: TYPE_INT64, dims: [ 1 ] } ]
-output [ { name: "OUT", data_type: TYPE_INT64, dims: [ 1 ] } ]
-"""
+CONFIG = int_model_config("plus")
 
 #: ten minutes: a window that outlasts the test.
 LONG_WINDOW_US = 600_000_000
