@@ -2,7 +2,7 @@
 
 Each round serves the reference MLP (max_batch_size 64, delay 1000 µs, torch 1 thread) twice,
 once with the model parameter `BATCH_DELAY` = `fixed` (every partial batch waits out the
-delay, as Triton's does) and once `adaptive` (sluice's default: no wait while requests
+delay, as Triton's does; the default) and once `adaptive` (opt-in: no wait while requests
 arrive further apart than the delay), in alternating order, and drives each with
 `sluice bench`: closed loop at concurrency 1, then open-loop Poisson arrivals at each rate.
 It prints, per load, the medians over the rounds of p50 / p99, the server's queue time and

@@ -2,7 +2,7 @@
 
 A request at c=1 wakes a sleeping thread eight times on its way through sluice: client →
 gateway → Redis → worker loop → instance thread → worker loop → Redis → gateway → client.
-At c=1 the adaptive batching delay sends each request at once, so all of them add to the
+At c=1 the adaptive batching delay (opt-in) sends each request at once, so all of them add to the
 model time: four direct wakes (client → gateway, loop → instance thread and back, gateway
 → client) and two hops through Redis (the gateway's XADD answering the worker's blocked
 XREADGROUP, the worker's XADD answering the gateway's blocked XREAD; with `BATCH_DELAY

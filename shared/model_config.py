@@ -30,10 +30,11 @@ CONFIG_FILENAME = "config.pbtxt"
 _PYTORCH_PLATFORMS = ("pytorch_libtorch", "libtorch")
 _DEFAULT_FILENAME = {"pytorch": "model.pt", "python": "model.py"}
 _THREAD_PARAMETERS = ("INTRA_OP_THREAD_COUNT", "INTER_OP_THREAD_COUNT")
-#: sluice's own parameter: "adaptive" (default) skips the batching delay while a model's
-#: requests arrive further apart than it; "fixed" always waits it out, as Triton does.
+#: sluice's own parameter: "fixed" always waits the batching delay out, as Triton does;
+#: "adaptive" (opt-in) skips it while a model's requests arrive further apart than it.
+#: Absent: the server's --batch-delay, itself "fixed" unless set.
 DELAY_PARAMETER = "BATCH_DELAY"
-_DELAY_MODES = ("adaptive", "fixed")
+DELAY_MODES = ("fixed", "adaptive")
 _INT64_TYPES = frozenset(
     {
         FieldDescriptor.TYPE_INT64,
@@ -66,7 +67,8 @@ class BatchingPolicy:
     max_queue_delay_us: int
     preferred_batch_sizes: tuple[int, ...]
     preserve_ordering: bool
-    adaptive_delay: bool
+    #: the model's own BATCH_DELAY ("fixed" or "adaptive"); None: the server's default.
+    delay_mode: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,14 +269,14 @@ def _batching(cfg: ModelConfig, parameters: dict[str, str], err: _Errors) -> Bat
         max_queue_delay_us=db.max_queue_delay_microseconds,
         preferred_batch_sizes=tuple(sorted(set(db.preferred_batch_size))),
         preserve_ordering=db.preserve_ordering,
-        adaptive_delay=_delay_mode(parameters, err) == "adaptive",
+        delay_mode=_delay_mode(parameters, err),
     )
 
 
-def _delay_mode(parameters: dict[str, str], err: _Errors) -> str:
-    mode = parameters.get(DELAY_PARAMETER, "adaptive")
-    if mode not in _DELAY_MODES:
-        expected = " or ".join(f"'{m}'" for m in _DELAY_MODES)
+def _delay_mode(parameters: dict[str, str], err: _Errors) -> str | None:
+    mode = parameters.get(DELAY_PARAMETER)
+    if mode is not None and mode not in DELAY_MODES:
+        expected = " or ".join(f"'{m}'" for m in DELAY_MODES)
         raise err(f"parameters.{DELAY_PARAMETER}", f"must be {expected}, got '{mode}'")
     return mode
 

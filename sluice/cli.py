@@ -97,6 +97,15 @@ idle_poll = _option(
     "low load, keeps polling before it sleeps: saves CPU wake-ups on a lone request's path "
     "where idle CPUs halt (VMs), at the cost of CPU at low load only. 0: sleep at once.",
 )
+batch_delay = _option(
+    "--batch-delay",
+    env="BATCH_DELAY",
+    default="fixed",
+    type=click.Choice(["fixed", "adaptive"]),
+    help="Batching delay of models whose config sets no BATCH_DELAY parameter: 'fixed' waits "
+    "max_queue_delay_microseconds out as Triton does; 'adaptive' sends a partial batch at once "
+    "while the model's requests arrive further apart than its delay.",
+)
 log_level = _option(
     "--log-level",
     env="LOG_LEVEL",
@@ -164,6 +173,7 @@ main.add_command(status)
 @claim_idle
 @max_deliveries
 @idle_poll
+@batch_delay
 @log_level
 def serve(
     model_repository: Path,
@@ -180,6 +190,7 @@ def serve(
     claim_idle_ms: int,
     max_deliveries: int,
     idle_poll_us: int,
+    batch_delay: str,
     log_level: str,
 ) -> None:
     """Run Redis (if needed), workers and a gateway in one command."""
@@ -198,7 +209,7 @@ def serve(
         idle_poll_us,
     )
     worker_args = ("--claim-idle-ms", str(claim_idle_ms), "--max-deliveries", str(max_deliveries))
-    worker_args += ("--idle-poll-us", str(idle_poll_us))
+    worker_args += ("--idle-poll-us", str(idle_poll_us), "--batch-delay", batch_delay)
     run_serve(
         ServeConfig(
             model_repository,
@@ -281,6 +292,7 @@ def gateway(
 )
 @_option("--host", env="HOST", default="127.0.0.1", help="Address the health port binds to.")
 @idle_poll
+@batch_delay
 @log_level
 def worker(
     model_repository: Path,
@@ -291,6 +303,7 @@ def worker(
     health_port: int | None,
     host: str,
     idle_poll_us: int,
+    batch_delay: str,
     log_level: str,
 ) -> None:
     """Run one worker process serving the repository's models."""
@@ -309,6 +322,7 @@ def worker(
             health_port=health_port,
             health_host=host,
             idle_poll_us=idle_poll_us,
+            batch_delay=batch_delay,
         )
     )
 

@@ -116,12 +116,12 @@ def running_worker(repo: Path, redis_url: str, *extra: str) -> Iterator[subproce
 
 @contextlib.contextmanager
 def serving_python_model(
-    root: Path, name: str, config: str, model: str, redis_url: str
+    root: Path, name: str, config: str, model: str, redis_url: str, *worker_options: str
 ) -> Iterator[redis.Redis]:
     """A worker serving a python-backend model for the block, and a client of its Redis."""
     repo = write_python_model(root, name, config, model)
     client = redis.Redis.from_url(redis_url)
-    with running_worker(repo, redis_url), contextlib.closing(client):
+    with running_worker(repo, redis_url, *worker_options), contextlib.closing(client):
         yield client
 
 

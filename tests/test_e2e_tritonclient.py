@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -125,6 +127,44 @@ def test_a_few_requests_wait_for_the_delay_then_run_together(
     after = _batch_counts(client, "batch8")
     assert after.get(3, 0) - before.get(3, 0) == 1
     assert sum(after.values()) - sum(before.values()) == 1
+
+
+def _infer_from_threads(url: str, model: str, count: int, stagger_s: float) -> list[np.ndarray]:
+    """`count` requests, one per thread on its own connection, released together by a barrier,
+    thread i then `i * stagger_s` later: arrivals spread over many event-loop turns."""
+    barrier = threading.Barrier(count)
+    pacing = threading.Event()  # never set: wait(timeout) only shapes the arrivals
+
+    def send(i: int) -> np.ndarray:
+        with httpclient.InferenceServerClient(url) as own:
+            x = np.full((1, 4), i, np.float32)
+            barrier.wait()
+            pacing.wait(stagger_s * i)
+            return own.infer(model, [_input("IN", x, "FP32")]).as_numpy("OUT")
+
+    with ThreadPoolExecutor(count) as pool:
+        return list(pool.map(send, range(count)))
+
+
+@pytest.mark.parametrize("stagger_s", [0.0, 0.01], ids=["together", "spread"])
+def test_by_default_requests_wait_the_delay_out_as_in_triton(
+    client: httpclient.InferenceServerClient, service: Service, stagger_s: float
+) -> None:
+    """No BATCH_DELAY parameter: Triton's wait. After a quiet spell (lone requests further
+    apart than twice the 200 ms delay: what an adaptive delay would skip), eight clients send
+    one request each, together or spread over 70 ms: one batch of eight."""
+    quiet = threading.Event()  # never set: wait(timeout) makes the quiet spell
+    x = np.ones((1, 4), np.float32)
+    for _ in range(2):
+        client.infer("burst8", [_input("IN", x, "FP32")])
+        quiet.wait(0.45)
+    before = _batch_counts(client, "burst8")
+    outputs = _infer_from_threads(service.http_url, "burst8", 8, stagger_s)
+    for i, out in enumerate(outputs):
+        np.testing.assert_array_equal(out, np.full((1, 4), 2 * i, np.float32))
+    after = _batch_counts(client, "burst8")
+    ran = {size: n - before.get(size, 0) for size, n in after.items() if n != before.get(size, 0)}
+    assert ran == {8: 1}
 
 
 def test_requests_of_different_shapes_are_batched_by_shape(

@@ -45,7 +45,7 @@ def test_defaults_are_normalised(tmp_path: Path) -> None:
     assert spec.batching.preferred_batch_sizes == (8,)
     assert spec.batching.max_queue_delay_us == 0
     assert not spec.batching.preserve_ordering
-    assert spec.batching.adaptive_delay
+    assert spec.batching.delay_mode is None  # the server's default, itself Triton's fixed wait
     assert spec.version_policy == ("latest", (1,))
     assert (spec.instance_count, spec.instance_kind) == (1, "KIND_AUTO")
     assert (spec.intra_op_threads, spec.inter_op_threads) == (None, None)
@@ -143,14 +143,15 @@ def test_thread_count_parameters(tmp_path: Path) -> None:
     }
 
 
-def test_batch_delay_parameter_chooses_triton_s_fixed_wait(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["fixed", "adaptive"])
+def test_batch_delay_parameter_is_the_model_s_own_choice(tmp_path: Path, mode: str) -> None:
     spec = load(
         tmp_path,
         'platform: "pytorch_libtorch" max_batch_size: 8 dynamic_batching {}'
         + IO
-        + 'parameters { key: "BATCH_DELAY" value { string_value: "fixed" } }',
+        + f'parameters {{ key: "BATCH_DELAY" value {{ string_value: "{mode}" }} }}',
     )
-    assert not spec.batching.adaptive_delay
+    assert spec.batching.delay_mode == mode
 
 
 def test_instance_groups_are_summed(tmp_path: Path) -> None:
@@ -262,7 +263,7 @@ def test_unknown_field_names_file_and_line(tmp_path: Path) -> None:
         ),
         (
             'backend: "pytorch" parameters { key: "BATCH_DELAY" value { string_value: "soon" } }',
-            "parameters.BATCH_DELAY: must be 'adaptive' or 'fixed', got 'soon'",
+            "parameters.BATCH_DELAY: must be 'fixed' or 'adaptive', got 'soon'",
         ),
     ],
 )

@@ -57,14 +57,15 @@ log = logging.getLogger(__name__)
 CANCELLED_MEMORY = 10_000
 
 
-def batch_rules(spec: ModelSpec) -> BatchRules:
+def batch_rules(spec: ModelSpec, default_delay_mode: str = "fixed") -> BatchRules:
+    """The model's rules; its own BATCH_DELAY wins over the server's `default_delay_mode`."""
     policy = spec.batching
     return BatchRules(
         max_batch_size=spec.max_batch_size,
         dynamic=policy.dynamic,
         max_queue_delay_ns=policy.max_queue_delay_us * 1000,
         preferred_batch_sizes=frozenset(policy.preferred_batch_sizes),
-        adaptive_delay=policy.adaptive_delay,
+        adaptive_delay=(policy.delay_mode or default_delay_mode) == "adaptive",
     )
 
 
@@ -82,10 +83,11 @@ class ModelQueue:
         block_ms: int = 1000,
         recovery: RecoveryPolicy | None = None,
         idle_poll_us: int = DEFAULT_WINDOW_US,
+        default_delay_mode: str = "fixed",
     ) -> None:
         self.spec = spec
         self.signature = Signature.from_config(spec.config_json)
-        self.rules = batch_rules(spec)
+        self.rules = batch_rules(spec, default_delay_mode)
         #: gaps beyond twice the delay say no more about whether waiting would pay.
         self.arrivals = ArrivalGap(cap_ns=2 * self.rules.max_queue_delay_ns)
         #: the same gaps, capped far enough above a short run to compare with it.

@@ -17,6 +17,8 @@ import uvloop
 from redis.asyncio.client import Pipeline
 
 from shared import keys
+from shared.device_metrics import INFO_KEY as DEVICE_METRICS
+from shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DrainDeadline
 from shared.errors import ModelConfigError
 from shared.gc_tuning import settle_after_startup
 from shared.idle_poll import DEFAULT_WINDOW_US
@@ -30,6 +32,7 @@ from shared.registry import (
 )
 from shared.repository import ModelEntry, scan_repository
 from shared.tasks import stop_tasks
+from workers.device_sampler import DeviceSampler
 from workers.health import serve_health
 from workers.model_queue import ModelQueue
 from workers.models import Infer, choose_device, load_instance
@@ -55,6 +58,13 @@ class WorkerConfig:
     health_host: str = "127.0.0.1"
     #: microseconds to keep polling after a batch run at low load (0: sleep at once).
     idle_poll_us: int = DEFAULT_WINDOW_US
+    #: how often the host's CPU, memory and GPUs are sampled for the heartbeat (Triton's
+    #: --metrics-interval-ms).
+    metrics_interval_ms: int = 2000
+    #: BATCH_DELAY of models that set none: "fixed" (Triton's wait) or "adaptive".
+    batch_delay: str = "fixed"
+    #: seconds to finish the batches in hand after a stop signal before exiting regardless.
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
 
     def member_id(self) -> str:
         suffix = uuid.uuid4().hex[:6]
@@ -119,6 +129,9 @@ class Worker:
         #: whether the last heartbeat reached Redis (readiness).
         self.redis_ok = False
         self._rate = BatchRate()
+        self.sampler = DeviceSampler.for_this_host(config.metrics_interval_ms)
+        self._stopped = asyncio.Event()
+        self.drain = DrainDeadline(config.drain_timeout_s, f"worker {self.id}", self._in_hand)
 
     def _load(self) -> list[Loaded]:
         entries = scan_repository(self.config.model_repository)
@@ -174,6 +187,7 @@ class Worker:
                     q.spec.name: sum(len(lanes) for lanes in q.instances.by_version.values())
                     for q in self.queues
                 },
+                DEVICE_METRICS: self.sampler.latest,
             },
         )
 
@@ -215,8 +229,26 @@ class Worker:
 
     def stop(self) -> None:
         log.info("worker %s stopping: finishing the batches in hand", self.id)
+        self._stopped.set()
         for queue in self.queues:
             queue.stop()
+
+    def _on_signal(self) -> None:
+        self.drain.signal()
+        self.stop()
+
+    def _in_hand(self) -> str:
+        """What a cut-short drain leaves: the requests stay pending in their streams, where
+        another worker takes them over after --claim-idle-ms."""
+        busy = [
+            f"{q.spec.name}: {q.spec.instance_count - len(q.free_lanes)} batches running, "
+            f"{len(q.pending)} requests waiting"
+            for q in self.queues
+            if q.pending or len(q.free_lanes) < q.spec.instance_count
+        ]
+        if not busy:
+            return ""
+        return "; ".join(busy) + " (left pending in Redis for another worker to take over)"
 
     def ready(self) -> bool:
         return bool(self.queues) and self.redis_ok
@@ -242,12 +274,14 @@ class Worker:
                     self.config.block_ms,
                     self.config.recovery,
                     self.config.idle_poll_us,
+                    self.config.batch_delay,
                 )
             )
         settle_after_startup()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stop)
+            loop.add_signal_handler(sig, self._on_signal)
+        self.sampler.start()
         helpers = [asyncio.create_task(self._heartbeat())]
         if self.queues:
             helpers.append(asyncio.create_task(self._listen_for_cancellations()))
@@ -255,12 +289,10 @@ class Worker:
             await asyncio.gather(*(q.run() for q in self.queues))
             if not self.queues:
                 log.error("no model could be loaded; waiting for a signal")
-                stop = asyncio.Event()
-                for sig in (signal.SIGTERM, signal.SIGINT):
-                    loop.add_signal_handler(sig, stop.set)
-                await stop.wait()
+                await self._stopped.wait()
         finally:
             await stop_tasks(helpers)
+            self.sampler.stop()
             if health is not None:
                 health.close()
             try:
