@@ -23,6 +23,7 @@ from gateway.dispatcher import Dispatcher, Route
 from gateway.http_server import HttpRequest, HttpResponse
 from gateway.jobs import MAX_WAIT_S, Job, JobStore, new_job_id
 from gateway.model_table import ModelTable, ModelView
+from gateway.outage import RETRY_AFTER_S
 from shared import keys
 from shared.errors import (
     InvalidInput,
@@ -43,6 +44,7 @@ from shared.infer_codec import (
 )
 from shared.protocol import Request, Result, job_event
 from shared.queue_policy import DEADLINE, PRIORITY, TIMEOUT, deadline_us
+from shared.redis_client import REDIS_ERRORS
 from shared.signature import validate_inputs
 
 log = logging.getLogger(__name__)
@@ -67,7 +69,11 @@ def json_response(payload: Any, status: int = 200) -> HttpResponse:
 
 
 def error_response(error: SluiceError) -> HttpResponse:
-    return json_response({"error": error.message}, error.http_status)
+    response = json_response({"error": error.message}, error.http_status)
+    retry_after_s = getattr(error, "retry_after_s", None)
+    if retry_after_s is not None:
+        response.headers = [*response.headers, (b"retry-after", b"%d" % retry_after_s)]
+    return response
 
 
 class GatewayApp:
@@ -179,15 +185,17 @@ class GatewayApp:
 
     async def _view(self, name: str) -> ModelView:
         if name not in self.table.models:
-            await self.table.refresh()  # a model registered since the last refresh
+            try:  # a model registered since the last refresh
+                await self.table.refresh()
+            except REDIS_ERRORS as exc:
+                message = f"queue unavailable: Redis is unreachable ({exc})"
+                raise Unavailable(message, RETRY_AFTER_S) from None
         return self.table.get(name)
 
     def _prepare(
         self, view: ModelView, version_text: str | None, http: HttpRequest
     ) -> tuple[ParsedInfer, int, Route, dict[str, Any]]:
         """Parse and validate an infer body: the parsed request, version, route, parameters."""
-        if not self.table.reachable:
-            raise Unavailable("queue unavailable: Redis is unreachable")
         version = view.resolve_version(version_text) or max(view.versions)
         sig = view.signature
         assert sig is not None
@@ -266,7 +274,7 @@ class GatewayApp:
             "outputs": parsed.outputs,
             "binary": parsed.binary_output,
         }
-        await self.jobs.submit(request, keys.request_stream(view.name, route.level), meta)
+        await self.jobs.submit(request, route, meta)
         job = await self.jobs.get(job_id)
         return _job_status(job_id, job)
 

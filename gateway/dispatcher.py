@@ -3,6 +3,11 @@
 Requests that arrive in the same event-loop turn go to Redis as one entry per model in one
 round trip; one reader task resolves every waiter from the reply stream. Redis work per request
 is therefore O(1) and shrinks as load grows.
+
+While Redis is unreachable, requests are held (gateway/outage.py) and sent once it answers
+again. A Redis that restarted (a new run id) may have lost the last writes before it died, even
+with an append-only file, so every request still waiting is then sent again: a request may
+run twice, but its id is resolved once, so its client gets one answer.
 """
 
 from __future__ import annotations
@@ -10,17 +15,21 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
+from gateway.outage import RETRY_AFTER_S, HeldRequests, OutagePolicy
 from shared import keys
+from shared.admission import ENQUEUE_LUA
 from shared.errors import Cancelled, Unavailable
 from shared.idle_poll import DEFAULT_WINDOW_US, IdlePoll
 from shared.lua import Lua
 from shared.protocol import ProtocolError, Request, Result, decode_results, encode_requests
-from shared.redis_client import REDIS_ERRORS, server_info
+from shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS, server_info
 from shared.redis_wire import Command, Wire, stream_entries, xadd
 
 log = logging.getLogger(__name__)
@@ -28,25 +37,9 @@ log = logging.getLogger(__name__)
 #: trim the reply stream once this many entries have been read since the last trim.
 TRIM_EVERY_ENTRIES = 64
 REPLY_READ_BLOCK_MS = 1000
-
-
-#: admit each request while its priority level's queue has room; report which were admitted.
-ENQUEUE_LUA = """
-local size = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
-local limit = tonumber(ARGV[2])
-local admitted = {}
-for i = 3, #ARGV, 2 do
-  if size < limit then
-    redis.call('XADD', KEYS[1], '*', 'h', ARGV[i], 'd', ARGV[i + 1])
-    size = size + 1
-    admitted[#admitted + 1] = 1
-  else
-    admitted[#admitted + 1] = 0
-  end
-end
-redis.call('HSET', KEYS[2], ARGV[1], size)
-return admitted
-"""
+#: reconnect attempts start this far apart and back off up to the cap.
+RETRY_FIRST_S = 0.05
+RETRY_CAP_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,11 +54,6 @@ class Route:
     max_queue_size: int = 0
 
 
-def _expire(future: asyncio.Future[Result], message: str) -> None:
-    if not future.done():
-        future.set_exception(Unavailable(message))
-
-
 def _ignore_failure(task: asyncio.Future[object]) -> None:
     if not task.cancelled():
         task.exception()
@@ -78,6 +66,8 @@ class Dispatcher:
         reader: aioredis.Redis,
         gateway_id: str,
         idle_poll_us: int = DEFAULT_WINDOW_US,
+        outage: OutagePolicy | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.redis = redis
         self.reader = reader
@@ -86,6 +76,15 @@ class Dispatcher:
         self._reads = Wire(reader)
         self.reply_stream = keys.reply_stream(gateway_id)
         self.waiting: dict[str, asyncio.Future[Result]] = {}
+        #: what each waiting request was sent as, to send it again after a Redis restart.
+        self._sent: dict[str, tuple[Route, Request]] = {}
+        self._held: HeldRequests[Route] = HeldRequests(outage or OutagePolicy())
+        self._clock = clock
+        #: when Redis stopped answering (None: it answers).
+        self._outage_since: float | None = None
+        self._riding_out: asyncio.Task[None] | None = None
+        #: the run id of the Redis server last seen (None: not known).
+        self._server: str | None = None
         self._prefix = gateway_id
         self._ids = itertools.count()
         self._outbox: dict[Route, list[Request]] = defaultdict(list)
@@ -137,6 +136,7 @@ class Dispatcher:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Result] = loop.create_future()
         self.waiting[request.id] = future
+        self._sent[request.id] = (route, request)
         self._outbox[route].append(request)
         if not self._flush_scheduled:
             # a task starts on the loop's next turn, after every request of this turn joined
@@ -147,13 +147,19 @@ class Dispatcher:
         slot = f"{route.model}:{request.version}"
         self.inflight[slot] += 1
         # a bare timer instead of asyncio.wait_for: same effect, a fraction of the cost
-        timer = loop.call_later(timeout_s, _expire, future, timeout_message)
+        timer = loop.call_later(timeout_s, self._time_out, future, timeout_message)
         try:
             return await future
         finally:
             timer.cancel()
             self.waiting.pop(request.id, None)
+            self._sent.pop(request.id, None)
             self.inflight[slot] -= 1
+
+    def _time_out(self, future: asyncio.Future[Result], message: str) -> None:
+        if not future.done():
+            retry_after_s = None if self._outage_since is None else RETRY_AFTER_S
+            future.set_exception(Unavailable(message, retry_after_s))
 
     def cancel(self, model: str, request_id: str) -> None:
         """The client went away: stop waiting, and tell the workers not to run it."""
@@ -167,6 +173,21 @@ class Dispatcher:
     async def _flush(self) -> None:
         self._flush_scheduled = False
         outbox, self._outbox = self._outbox, defaultdict(list)
+        routed = [(route, request) for route, requests in outbox.items() for request in requests]
+        if self._outage_since is None:
+            self.idle_poll.arm()
+            error = await self._send(routed)
+            if error is None:
+                return
+            self._begin_outage(error)
+        now = self._clock()
+        self._hold((route, request, now) for route, request in routed)
+
+    async def _send(self, routed: list[tuple[Route, Request]]) -> Exception | None:
+        """Send `routed` in one round trip; the connection error if Redis did not answer."""
+        outbox: dict[Route, list[Request]] = defaultdict(list)
+        for route, request in routed:
+            outbox[route].append(request)
         commands: list[Command] = []
         bounded: list[list[Request]] = []
         for route, requests in outbox.items():
@@ -186,31 +207,133 @@ class Dispatcher:
                 commands.append(
                     xadd(stream, encode_requests(requests[start : start + route.max_per_entry]))
                 )
-        self.idle_poll.arm()
         try:
             replies = await self._sends.execute(*commands)
+        except CONNECTION_ERRORS as exc:
+            return exc
         except REDIS_ERRORS as exc:
-            self._fail([r for rs in outbox.values() for r in rs], f"queue unavailable: {exc}")
-            return
+            self._fail([request for _, request in routed], f"queue unavailable: {exc}")
+            return None
         admitted = iter(reply for reply in replies if isinstance(reply, list))
         for requests in bounded:
             for request, ok in zip(requests, next(admitted), strict=True):
                 if not ok:
                     self._fail([request], f"[request id: {request.id}] Exceeds maximum queue size")
+        return None
 
-    def _fail(self, requests: list[Request], message: str) -> None:
-        error = Unavailable(message)
+    def _fail(
+        self, requests: Iterable[Request], message: str, retry_after_s: int | None = None
+    ) -> None:
+        error = Unavailable(message, retry_after_s)
         for request in requests:
             future = self.waiting.get(request.id)
             if future is not None and not future.done():
                 future.set_exception(error)
 
+    # -- Redis outages -----------------------------------------------------------------
+
+    def _hold(self, items: Iterable[tuple[Route, Request, float]]) -> None:
+        refused = []
+        for route, request, since in items:
+            future = self.waiting.get(request.id)
+            if future is None or future.done():
+                continue  # timed out or its client went away meanwhile
+            if not self._held.add(route, request, since):
+                refused.append(request)
+        if refused:
+            message = (
+                "queue unavailable: Redis is unreachable and this gateway already holds "
+                f"{self._held.bytes} bytes of requests (--max-held-bytes)"
+            )
+            self._fail(refused, message, RETRY_AFTER_S)
+
+    def _begin_outage(self, error: Exception) -> None:
+        if self._outage_since is None:
+            log.warning("Redis unreachable (%s): holding requests until it is back", error)
+            self._outage_since = self._clock()
+        if self._riding_out is None:
+            self._riding_out = asyncio.create_task(self._ride_out())
+
+    async def _ride_out(self) -> None:
+        """Until Redis answers: expire what waited past the grace; then send what was held."""
+        grace_s = self._held.policy.grace_s
+        delay = RETRY_FIRST_S
+        inflight_failed = False
+        try:
+            while True:
+                now = self._clock()
+                self._fail(
+                    self._held.expire(now),
+                    f"queue unavailable: Redis unreachable for {grace_s:g} s"
+                    " (--redis-outage-grace)",
+                    RETRY_AFTER_S,
+                )
+                assert self._outage_since is not None
+                if not inflight_failed and now - self._outage_since >= grace_s:
+                    inflight_failed = True
+                    self._fail_sent(
+                        f"queue unavailable: Redis unreachable for {grace_s:g} s"
+                        " before this request was answered (--redis-outage-grace)"
+                    )
+                try:
+                    await self._sends.call("PING")
+                except CONNECTION_ERRORS:
+                    expiry = self._held.next_expiry()
+                    pause = delay if expiry is None else max(0.0, min(delay, expiry - now))
+                    await asyncio.sleep(pause)
+                    delay = min(delay * 2, RETRY_CAP_S)
+                    continue
+                if await self._send_held():
+                    return
+        finally:
+            self._riding_out = None
+
+    async def _send_held(self) -> bool:
+        """Redis answers: send what is held (and, after a restart, every unanswered request
+        again). True once nothing is held; the outage is then over."""
+        server = await self._server_identity()
+        restarted = server is None or server != self._server
+        held = self._held.take()
+        if restarted:
+            if self._server is not None:
+                log.warning("Redis restarted: sending every unanswered request again")
+            pending = {request.id for _, request, _ in held} | self._outbox_ids()
+            now = self._clock()
+            held += [
+                (route, request, now)
+                for request_id, (route, request) in self._sent.items()
+                if request_id not in pending
+            ]
+        self._server = server
+        while held:
+            error = await self._send([(route, request) for route, request, _ in held])
+            if error is not None:
+                self._hold(held)
+                return False
+            held = self._held.take()  # arrived while the last ones were sent
+        log.info("Redis reachable again: held requests sent")
+        self._outage_since = None
+        return True
+
+    def _outbox_ids(self) -> set[str]:
+        return {request.id for requests in self._outbox.values() for request in requests}
+
+    def _fail_sent(self, message: str) -> None:
+        """Fail the requests sent before the outage (those held have a grace of their own)."""
+        pending = self._held.ids() | self._outbox_ids()
+        self._fail(
+            (r for request_id, (_, r) in self._sent.items() if request_id not in pending),
+            message,
+            RETRY_AFTER_S,
+        )
+
     async def read_replies(self) -> None:
         """Resolve waiters from the reply stream until cancelled; survives Redis outages."""
         last_id = b"0-0"
         unread_trim = 0
-        backoff = 0.05
-        server = await self._server_identity()
+        backoff = RETRY_FIRST_S
+        if self._server is None:
+            self._server = await self._server_identity()
         while True:
             try:
                 if unread_trim >= TRIM_EVERY_ENTRIES:
@@ -221,14 +344,14 @@ class Dispatcher:
                     *("STREAMS", self.reply_stream, last_id),
                 )
             except REDIS_ERRORS as exc:
-                if backoff == 0.05:
+                if backoff == RETRY_FIRST_S:
                     log.warning("reply stream read failed (%s); reconnecting", exc)
+                if isinstance(exc, CONNECTION_ERRORS):
+                    self._begin_outage(exc)
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+                backoff = min(backoff * 2, RETRY_CAP_S)
                 continue
-            if backoff != 0.05:
-                backoff = 0.05
-                server = await self._after_outage(server)
+            backoff = RETRY_FIRST_S
             for _stream, entries in stream_entries(reply):
                 for entry_id, fields in entries:
                     last_id = entry_id
@@ -240,27 +363,13 @@ class Dispatcher:
                 # write wakes Redis, and at low load it would hold up the clients' replies
                 await asyncio.sleep(0)
 
-    async def _server_identity(self) -> tuple[str, bool] | None:
-        """(run id, whether it persists writes): tells a restart that lost the queue."""
+    async def _server_identity(self) -> str | None:
+        """The run id of the Redis server: a new one means a restart that may have lost writes."""
         try:
-            info = await server_info(self.reader, self.reply_stream, "server")
-            persistence = await server_info(self.reader, self.reply_stream, "persistence")
+            info = await server_info(self.redis, self.reply_stream, "server")
         except REDIS_ERRORS:
             return None
-        return str(info.get("run_id")), bool(int(persistence.get("aof_enabled", 0)))
-
-    async def _after_outage(self, before: tuple[str, bool] | None) -> tuple[str, bool] | None:
-        now = await self._server_identity()
-        if before is not None and now is not None and now[0] != before[0] and not now[1]:
-            error = Unavailable("Redis restarted without persistence and lost this request; retry")
-            log.error(
-                "Redis restarted without persistence: failing %d waiting requests",
-                len(self.waiting),
-            )
-            for future in self.waiting.values():
-                if not future.done():
-                    future.set_exception(error)
-        return now
+        return str(info.get("run_id"))
 
     def _resolve(self, fields: dict[bytes, bytes]) -> None:
         try:
@@ -278,6 +387,14 @@ class Dispatcher:
 
     async def close(self) -> None:
         self.idle_poll.stop()
+        if self._riding_out is not None:
+            self._riding_out.cancel()
+            await asyncio.gather(self._riding_out, return_exceptions=True)
+        self._fail(
+            (request for _, request, _ in self._held.take()),
+            "queue unavailable: the gateway stopped while Redis was unreachable",
+            RETRY_AFTER_S,
+        )
         if self._sending:
             await asyncio.gather(*self._sending, return_exceptions=True)
         await self._sends.close()

@@ -15,7 +15,9 @@ from typing import Any
 import msgpack
 import redis.asyncio as aioredis
 
+from gateway.dispatcher import Route
 from shared import keys
+from shared.admission import enqueue_command, queue_full
 from shared.errors import InvalidInput, Unavailable
 from shared.jobs import CANCEL_LUA, CREATE_LUA, JOB_ID
 from shared.protocol import (
@@ -61,20 +63,31 @@ class JobStore:
         self._create = redis.register_script(CREATE_LUA)
         self._cancel = redis.register_script(CANCEL_LUA)
 
-    async def submit(self, request: Request, stream: str, meta: dict[str, Any]) -> bool:
-        """Create the job and queue its request; False if the job already existed."""
+    async def submit(self, request: Request, route: Route, meta: dict[str, Any]) -> bool:
+        """Create the job and queue its request; False if the job already existed.
+
+        A level with a `max_queue_size` admits the job as it admits an infer request; a job
+        it refuses is removed again, so that the same id can be submitted later.
+        """
         try:
             created = await self._create(
                 keys=[request.reply_to], args=[msgpack.packb(meta), self.ttl_s]
             )
-            if created:
-                await self.redis.xadd(stream, encode_requests([request]))
-                await self.redis.publish(
-                    keys.job_channel(request.id), job_event(request.id, "queued")
-                )
+            if not created:
+                return False
+            entry = encode_requests([request])
+            if route.max_queue_size:
+                command = enqueue_command(route.model, route.level, route.max_queue_size, [entry])
+                (admitted,) = await self.redis.execute_command(*command)
+                if not admitted:
+                    await self.redis.delete(request.reply_to)
+                    raise Unavailable(queue_full(request.id))
+            else:
+                await self.redis.xadd(keys.request_stream(route.model, route.level), entry)
+            await self.redis.publish(keys.job_channel(request.id), job_event(request.id, "queued"))
         except REDIS_ERRORS as exc:
             raise Unavailable(f"queue unavailable: {exc}") from None
-        return bool(created)
+        return True
 
     async def get(self, job_id: str, wait_s: float = 0.0) -> Job | None:
         stream = keys.job_stream(job_id)

@@ -14,6 +14,7 @@ from typing import Any
 import msgpack
 
 from shared import keys
+from shared.admission import enqueue_command, queue_full
 from shared.errors import error_from_code
 from shared.jobs import CANCEL_LUA, CREATE_LUA, JOB_ID
 from shared.protocol import (
@@ -30,7 +31,7 @@ from shared.redis_client import sync_client
 from shared.registry import decode_model_record
 
 from ._wire import Tensorish, TensorKind, array_of, as_kind, raw_tensor
-from .errors import InvalidRequest, JobNotFound, JobTimeout, error_for_status
+from .errors import InvalidRequest, JobNotFound, JobTimeout, Unavailable, error_for_status
 
 #: one blocking wait, kept below the client's socket timeout; longer waits repeat it.
 _BLOCK_S = 5.0
@@ -68,7 +69,8 @@ class RedisClient:
         if not JOB_ID.match(job_id):
             raise InvalidRequest(400, "job 'id' must be 1-128 characters of A-Z a-z 0-9 . _ : -")
         params = dict(parameters or {})
-        level = QueuePolicy.from_config(info["config"]).level_of(params)
+        policy = QueuePolicy.from_config(info["config"])
+        level = policy.level_of(params)
         tensors = [Tensor(name, *raw_tensor(value)) for name, value in inputs.items()]
         version = version or max(info["versions"])
         stream = keys.job_stream(job_id)
@@ -89,9 +91,21 @@ class RedisClient:
             "binary": True,
         }
         if self._create(keys=[stream], args=[msgpack.packb(meta), self.job_ttl_s]):
-            self.redis.xadd(keys.request_stream(model, level), encode_requests([request]))
-            self.redis.publish(keys.job_channel(job_id), job_event(job_id, "queued"))
+            self._enqueue(request, model, level, policy.for_level(level).max_queue_size)
         return RedisJob(self, job_id, model)
+
+    def _enqueue(self, request: Request, model: str, level: int, max_queue_size: int) -> None:
+        """Queue a new job's request through the gateways' admission; a refused job is removed
+        again (503), so that its id can be submitted later."""
+        entry = encode_requests([request])
+        if max_queue_size:
+            command = enqueue_command(model, level, max_queue_size, [entry])
+            if not self.redis.execute_command(*command)[0]:
+                self.redis.delete(request.reply_to)
+                raise Unavailable(503, queue_full(request.id))
+        else:
+            self.redis.xadd(keys.request_stream(model, level), entry)
+        self.redis.publish(keys.job_channel(request.id), job_event(request.id, "queued"))
 
     def close(self) -> None:
         self.redis.close()
