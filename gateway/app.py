@@ -29,6 +29,7 @@ from shared.errors import (
     InvalidInput,
     JobNotFound,
     ModelNotReady,
+    PayloadTooLarge,
     SluiceError,
     Unauthorized,
     Unavailable,
@@ -96,7 +97,7 @@ class GatewayApp:
     async def __call__(self, request: HttpRequest) -> HttpResponse:
         try:
             if request.refusal is not None:
-                raise InvalidInput(request.refusal)
+                raise PayloadTooLarge(request.refusal)
             self._authorize(request.path, request.headers)
             return await self._route(request)
         except SluiceError as exc:
@@ -200,7 +201,9 @@ class GatewayApp:
         sig = view.signature
         assert sig is not None
         encoding = http.headers.get(b"content-encoding")
-        body = decompress(http.body, encoding.decode() if encoding else None)
+        body = decompress(
+            http.body, encoding.decode() if encoding else None, self.limits.max_body_bytes
+        )
         try:
             parsed = parse_infer(body, _header_length(http.headers), sig)
             validate_inputs(sig, parsed.inputs)

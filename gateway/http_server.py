@@ -39,7 +39,7 @@ class HttpRequest:
     body: bytes
     #: resolves when the client closes its connection (the request may be dropped then).
     disconnected: asyncio.Future[None]
-    #: a reason to refuse the request without handling it (e.g. body too large).
+    #: set when the body was over the size limit (and dropped): why it is refused (413).
     refusal: str | None = None
     #: the raw query string (after `?`).
     query: str = ""
@@ -262,24 +262,43 @@ class HttpServer:
         self.idle = asyncio.Event()
         self._server: asyncio.Server | None = None
 
-    async def start(self, host: str, port: int) -> None:
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: _Connection(self), host, port, backlog=4096, reuse_address=True
-        )
-
-    async def shutdown(self, timeout_s: float) -> None:
-        """Stop accepting, answer what is in flight (up to `timeout_s`), close the rest."""
-        self.closing = True
-        if self._server is not None:
-            self._server.close()
+    async def _drained(self, timeout_s: float) -> bool:
+        """Whether every connection finished its requests within `timeout_s`."""
         try:
             async with asyncio.timeout(timeout_s):
                 while any(c.worker is not None for c in self.connections):
                     self.idle.clear()
                     await self.idle.wait()
         except TimeoutError:
-            log.warning("shutdown: %d requests still in flight after %.0fs", self.busy, timeout_s)
+            return False
+        return True
+
+    async def start(self, host: str, port: int) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _Connection(self), host, port, backlog=4096, reuse_address=True
+        )
+
+    async def shutdown(
+        self,
+        timeout_s: float,
+        on_timeout: Callable[[], None] | None = None,
+        answer_s: float = 1.0,
+    ) -> None:
+        """Stop accepting, answer what is in flight (up to `timeout_s`), close the rest.
+
+        Requests still in flight at `timeout_s` are handed to `on_timeout`, which should end
+        them (with an error), and get `answer_s` more for their answers to be written.
+        """
+        self.closing = True
+        if self._server is not None:
+            self._server.close()
+        await asyncio.sleep(0)  # requests already in the sockets are read, and so drained
+        if not await self._drained(timeout_s):
+            log.warning("shutdown: %d requests still in flight after %gs", self.busy, timeout_s)
+            if on_timeout is not None:
+                on_timeout()
+                await self._drained(answer_s)
         for connection in list(self.connections):
             if connection.transport is not None:
                 connection.transport.close()

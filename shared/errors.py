@@ -25,6 +25,13 @@ class InvalidInput(SluiceError):
     code = "INVALID_ARG"
 
 
+class PayloadTooLarge(SluiceError):
+    """A body over --max-body-bytes, as sent or once inflated (HTTP 413)."""
+
+    http_status = 413
+    code = "INVALID_ARG"
+
+
 class ModelNotFound(SluiceError):
     """Triton answers 400 for an unknown model, and so do we."""
 
@@ -48,10 +55,18 @@ class Unauthorized(SluiceError):
 
 
 class Unavailable(SluiceError):
-    """Queue full, timed out, or Redis unreachable (Triton UNAVAILABLE → 503)."""
+    """Queue full, timed out, or Redis unreachable (Triton UNAVAILABLE → 503).
+
+    `retry_after_s` becomes a Retry-After header: set when the cause is passing (Redis away),
+    so that clients and proxies back off instead of retrying at once.
+    """
 
     http_status = 503
     code = "UNAVAILABLE"
+
+    def __init__(self, message: str, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class Cancelled(SluiceError):

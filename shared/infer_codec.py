@@ -21,7 +21,7 @@ from shared.datatypes import (
     element_count,
     serialize_bytes_elements,
 )
-from shared.errors import InvalidInput
+from shared.errors import InvalidInput, PayloadTooLarge
 from shared.protocol import Tensor
 from shared.signature import Signature
 
@@ -41,17 +41,29 @@ class ParsedInfer:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def decompress(body: bytes, encoding: str | None) -> bytes:
+#: zlib's window bits for each Content-Encoding it inflates (deflate: the zlib format).
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+
+def decompress(body: bytes, encoding: str | None, max_bytes: int) -> bytes:
+    """Inflate a gzip or deflate body, never past `max_bytes`: a few KiB can inflate to GiBs."""
     if not encoding or encoding == "identity":
         return body
+    wbits = _WBITS.get(encoding)
+    if wbits is None:
+        raise InvalidInput(f"unsupported Content-Encoding '{encoding}'")
+    inflater = zlib.decompressobj(wbits)
     try:
-        if encoding == "gzip":
-            return zlib.decompress(body, wbits=16 + zlib.MAX_WBITS)
-        if encoding == "deflate":
-            return zlib.decompress(body)
+        inflated = inflater.decompress(body, max_bytes + 1)
     except zlib.error as exc:
         raise InvalidInput(f"body is not valid {encoding}: {exc}") from None
-    raise InvalidInput(f"unsupported Content-Encoding '{encoding}'")
+    if len(inflated) > max_bytes:
+        raise PayloadTooLarge(
+            f"request body inflates past the limit of {max_bytes} bytes (--max-body-bytes)"
+        )
+    if not inflater.eof:
+        raise InvalidInput(f"body is not valid {encoding}: it ends early")
+    return inflated
 
 
 def parse_infer(body: bytes, header_length: int | None, sig: Signature) -> ParsedInfer:

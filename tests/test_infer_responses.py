@@ -169,27 +169,28 @@ def test_binary_output_from_memoryview_data() -> None:
 
 
 PAYLOAD = b'{"inputs": []}' * 50
+LIMIT = len(PAYLOAD)
 
 
 def test_decompress_gzip() -> None:
-    assert decompress(gzip.compress(PAYLOAD), "gzip") == PAYLOAD
+    assert decompress(gzip.compress(PAYLOAD), "gzip", LIMIT) == PAYLOAD
 
 
 def test_decompress_deflate() -> None:
-    assert decompress(zlib.compress(PAYLOAD), "deflate") == PAYLOAD
+    assert decompress(zlib.compress(PAYLOAD), "deflate", LIMIT) == PAYLOAD
 
 
 @pytest.mark.parametrize("encoding", [None, "", "identity"])
 def test_no_encoding_returns_the_body_unchanged(encoding: str | None) -> None:
-    assert decompress(PAYLOAD, encoding) is PAYLOAD
+    assert decompress(PAYLOAD, encoding, LIMIT) is PAYLOAD
 
 
 def test_unsupported_encoding() -> None:
     with pytest.raises(InvalidInput, match="unsupported Content-Encoding 'br'"):
-        decompress(PAYLOAD, "br")
+        decompress(PAYLOAD, "br", LIMIT)
 
 
 @pytest.mark.parametrize("encoding", ["gzip", "deflate"])
 def test_corrupt_compressed_body(encoding: str) -> None:
     with pytest.raises(InvalidInput, match=f"body is not valid {encoding}"):
-        decompress(b"definitely not compressed", encoding)
+        decompress(b"definitely not compressed", encoding, LIMIT)
