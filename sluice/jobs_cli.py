@@ -22,8 +22,10 @@ from shared.bulk import (
     submit_bulk,
 )
 from shared.bulk_files import format_of
+from shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DRAIN_TIMEOUT_HELP, DrainDeadline
 from shared.errors import SluiceError
 from shared.redis_client import REDIS_ERRORS, sync_client
+from sluice.runtime_file import redis_url_or_local
 
 POLL_S = 0.5
 BAR_WIDTH = 30
@@ -33,12 +35,13 @@ redis_option = click.option(
     "--redis-url",
     envvar="SLUICE_REDIS_URL",
     show_envvar=True,
-    required=True,
-    help="Redis the fleet queues on.",
+    default=None,
+    help="Redis the fleet queues on (default: that of the sluice serve running on this machine).",
 )
 
 
-def _connect(url: str) -> redis.Redis:
+def _connect(given: str | None) -> redis.Redis:
+    url = redis_url_or_local(given)
     try:
         return sync_client(url)
     except (ValueError, *REDIS_ERRORS) as exc:
@@ -131,7 +134,7 @@ def jobs() -> None:
     help="Seconds the job and its results are kept.",
 )
 def submit(
-    redis_url: str,
+    redis_url: str | None,
     model: str,
     input_path: Path,
     output: Path | None,
@@ -167,7 +170,7 @@ def submit(
 @redis_option
 @click.argument("bulk_id")
 @click.option("--watch", is_flag=True, help="Follow the job until it ends.")
-def status(redis_url: str, bulk_id: str, watch: bool) -> None:
+def status(redis_url: str | None, bulk_id: str, watch: bool) -> None:
     """Progress of a bulk job."""
     connection = _connect(redis_url)
     if watch:
@@ -178,7 +181,7 @@ def status(redis_url: str, bulk_id: str, watch: bool) -> None:
 
 @jobs.command(name="list")
 @redis_option
-def list_(redis_url: str) -> None:
+def list_(redis_url: str | None) -> None:
     """Bulk jobs rq still keeps, newest first."""
     for status in _call(list_bulks, _connect(redis_url)):
         click.echo(f"{progress_line(status)}  model={status.model}")
@@ -187,7 +190,7 @@ def list_(redis_url: str) -> None:
 @jobs.command()
 @redis_option
 @click.argument("bulk_id")
-def cancel(redis_url: str, bulk_id: str) -> None:
+def cancel(redis_url: str | None, bulk_id: str) -> None:
     """Stop feeding a bulk job (items already queued still run)."""
     click.echo(progress_line(_call(cancel_bulk, _connect(redis_url), bulk_id)))
 
@@ -197,7 +200,7 @@ def cancel(redis_url: str, bulk_id: str) -> None:
 @click.argument("bulk_id")
 @click.option("--output", required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--wait", is_flag=True, help="Wait for the job to end first.")
-def result(redis_url: str, bulk_id: str, output: Path, wait: bool) -> None:
+def result(redis_url: str | None, bulk_id: str, output: Path, wait: bool) -> None:
     """Write a finished bulk job's results file."""
     connection = _connect(redis_url)
     if wait:
@@ -216,14 +219,24 @@ def result(redis_url: str, bulk_id: str, output: Path, wait: bool) -> None:
     type=click.Choice(["debug", "info", "warning", "error"]),
     help="Log level (rq's own messages included).",
 )
-def worker(redis_url: str, burst: bool, log_level: str) -> None:
+@click.option(
+    "--drain-timeout",
+    envvar="SLUICE_DRAIN_TIMEOUT",
+    show_envvar=True,
+    default=DEFAULT_DRAIN_TIMEOUT_S,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help=DRAIN_TIMEOUT_HELP + " A bulk job cut short is resumed by another rq worker.",
+)
+def worker(redis_url: str | None, burst: bool, log_level: str, drain_timeout: float) -> None:
     """Run an rq worker for bulk jobs (any number, on any host that reaches the Redis)."""
-    from workers.bulk import MAINTENANCE_S, BulkWorker
+    from workers.bulk import MAINTENANCE_S, BulkWorker, QuietMaintenance
 
     logging.basicConfig(
         level=log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
     )
+    logging.getLogger("rq.worker").addFilter(QuietMaintenance())
     connection = _connect(redis_url)
     rq_worker = BulkWorker(
         [bulk_queue(connection)],
@@ -231,4 +244,5 @@ def worker(redis_url: str, burst: bool, log_level: str) -> None:
         serializer=bulk_queue(connection).serializer,
         maintenance_interval=MAINTENANCE_S,
     )
+    rq_worker.drain = DrainDeadline(drain_timeout, "bulk worker", rq_worker.in_hand)
     rq_worker.work(burst=burst, with_scheduler=False, logging_level=log_level.upper())

@@ -2,7 +2,8 @@
 
 Workers run as child processes that die with this one; a worker that exits unexpectedly is
 started again. SIGINT/SIGTERM stop the gateway (in-flight requests answered), then the
-workers (batches in hand finished), then the embedded Redis.
+workers (batches in hand finished), then the embedded Redis, all within --drain-timeout:
+requests still in flight then get a 503, and children still draining get SIGKILL.
 """
 
 from __future__ import annotations
@@ -11,22 +12,28 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import uvloop
 
 from gateway.server import GatewayConfig, serve_gateway
+from shared.drain_deadline import DrainDeadline
 from shared.redis_client import split_cluster_flag
+from sluice import runtime_file
 from sluice.embedded_redis import EmbeddedRedis, die_with_parent
 
 log = logging.getLogger("sluice.serve")
 
 SLUICE = (sys.executable, "-m", "sluice")
 RESTART_DELAY_S = 1.0
-WORKER_STOP_TIMEOUT_S = 30.0
+#: children still running this long after the drain timeout get SIGKILL; serve itself exits
+#: (killing what is left) this long again later, whatever it waits on.
+KILL_MARGIN_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +48,8 @@ class ServeConfig:
     bulk_workers: int = 1
     #: the log level of every process serve starts.
     log_level: str = "info"
+    #: seconds from a stop signal until every process serve started has exited.
+    drain_timeout_s: float = 30.0
 
 
 def worker_argv(repository: Path, redis_url: str, extra: tuple[str, ...] = ()) -> list[str]:
@@ -55,12 +64,19 @@ def worker_argv(repository: Path, redis_url: str, extra: tuple[str, ...] = ()) -
     ]
 
 
-def bulk_worker_argv(redis_url: str, log_level: str) -> list[str]:
-    return [*SLUICE, "jobs", "worker", "--redis-url", redis_url, "--log-level", log_level]
+def bulk_worker_argv(redis_url: str, log_level: str, drain_timeout_s: float = 30.0) -> list[str]:
+    return [
+        *(*SLUICE, "jobs", "worker", "--redis-url", redis_url, "--log-level", log_level),
+        *("--drain-timeout", f"{drain_timeout_s:g}"),
+    ]
 
 
 class WorkerPool:
-    """Keeps `count` processes of one command alive until stopped."""
+    """Keeps `count` processes of one command alive until stopped.
+
+    Each runs in a session of its own, so that a Ctrl-C in a terminal reaches serve alone and
+    the processes stop in serve's order (gateway first) rather than all at once.
+    """
 
     def __init__(self, count: int, argv: list[str]) -> None:
         self.count = count
@@ -74,7 +90,9 @@ class WorkerPool:
 
     async def _keep(self, slot: int) -> None:
         while not self.stopping:
-            process = await asyncio.create_subprocess_exec(*self.argv, preexec_fn=die_with_parent)
+            process = await asyncio.create_subprocess_exec(
+                *self.argv, preexec_fn=die_with_parent, start_new_session=True
+            )
             self.processes[slot] = process
             code = await process.wait()
             if self.stopping:
@@ -84,38 +102,74 @@ class WorkerPool:
             )
             await asyncio.sleep(RESTART_DELAY_S)
 
-    async def stop(self) -> None:
+    def running(self) -> list[int]:
+        return [p.pid for p in list(self.processes.values()) if p.returncode is None]
+
+    async def stop(self, kill_at: float) -> None:
+        """SIGTERM every process (each drains within its own --drain-timeout); SIGKILL those
+        still running at `kill_at` (event-loop time)."""
         self.stopping = True
+        loop = asyncio.get_running_loop()
         for process in self.processes.values():
             if process.returncode is None:
                 process.send_signal(signal.SIGTERM)
         for process in self.processes.values():
             try:
-                await asyncio.wait_for(process.wait(), WORKER_STOP_TIMEOUT_S)
+                await asyncio.wait_for(process.wait(), max(0.0, kill_at - loop.time()))
             except TimeoutError:
+                log.warning("%s (pid %d) still draining: SIGKILL", self.argv[3], process.pid)
                 process.kill()
                 await process.wait()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.kill()  # one started while stopping
+
+    def kill(self) -> None:
+        """SIGKILL whatever still runs; safe from any thread."""
+        for pid in self.running():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 async def _serve(config: ServeConfig) -> None:
     redis_url = config.gateway.redis_url
+    drain_s = config.drain_timeout_s
+    worker_extra = ("--log-level", config.log_level, "--drain-timeout", f"{drain_s:g}")
     pools = [
         WorkerPool(
             config.workers,
-            worker_argv(
-                config.model_repository,
-                redis_url,
-                (*config.worker_args, "--log-level", config.log_level),
-            ),
+            worker_argv(config.model_repository, redis_url, (*config.worker_args, *worker_extra)),
         ),
     ]
     if split_cluster_flag(redis_url)[1]:
         log.warning("bulk jobs are off: rq needs a Redis that is not a cluster")
     else:
-        pools.append(WorkerPool(config.bulk_workers, bulk_worker_argv(redis_url, config.log_level)))
+        argv = bulk_worker_argv(redis_url, config.log_level, drain_s)
+        pools.append(WorkerPool(config.bulk_workers, argv))
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    stop_at: list[float] = []
+
+    def kill_children() -> None:
+        for pool in pools:
+            pool.kill()
+        runtime_file.remove()
+
+    deadline = DrainDeadline(
+        drain_s + 2 * KILL_MARGIN_S,
+        "sluice serve",
+        lambda: ", ".join(f"{p.argv[3]} pid {pid}" for p in pools for pid in p.running()),
+        kill_children,
+    )
+
+    def on_signal() -> None:
+        deadline.signal()
+        stop_at.append(loop.time())
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
     for pool in pools:
         pool.start()
     host, port = config.gateway.host, config.gateway.http_port
@@ -126,9 +180,26 @@ async def _serve(config: ServeConfig) -> None:
         )
 
     try:
-        await serve_gateway(config.gateway, on_ready=announce)
+        await serve_gateway(config.gateway, on_ready=announce, stop=stop)
     finally:
-        await asyncio.gather(*(pool.stop() for pool in pools))
+        kill_at = (stop_at[0] if stop_at else loop.time()) + drain_s + KILL_MARGIN_S
+        await asyncio.gather(*(pool.stop(kill_at) for pool in pools))
+
+
+def _announce_locally(gateway: GatewayConfig) -> None:
+    """The runtime file through which `sluice status` and `sluice jobs` find this serve."""
+    host = gateway.host
+    record = runtime_file.ServeRecord(
+        os.getpid(),
+        gateway.redis_url,
+        f"{host}:{gateway.http_port}",
+        f"{host}:{gateway.metrics_port}",
+        time.time(),
+    )
+    try:
+        runtime_file.write(record)
+    except OSError as exc:
+        log.warning("sluice status will need --redis-url: no runtime file (%s)", exc)
 
 
 def run_serve(config: ServeConfig) -> None:
@@ -138,4 +209,8 @@ def run_serve(config: ServeConfig) -> None:
             log.info("embedded Redis at %s", redis_server.url)
             gateway = dataclasses.replace(config.gateway, redis_url=redis_server.url)
             config = dataclasses.replace(config, gateway=gateway)
+        gateway = dataclasses.replace(config.gateway, graceful_shutdown_s=config.drain_timeout_s)
+        config = dataclasses.replace(config, gateway=gateway)
+        stack.callback(runtime_file.remove)
+        _announce_locally(config.gateway)
         uvloop.run(_serve(config))

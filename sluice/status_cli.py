@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from typing import Any
 
 import click
@@ -13,9 +14,13 @@ from rich.table import Table
 
 from shared.fleet import fleet_status
 from shared.redis_client import REDIS_ERRORS, async_client
+from sluice.runtime_file import redis_url_or_local
 
 REFRESH_S = 1.0
 NONE = "-"
+#: the width of the tables when written to a file or a pipe: wide enough never to wrap a row
+#: (rich would squeeze them to 80 columns), and a table takes only the width it needs.
+UNBOUNDED_WIDTH = 10_000
 
 
 def seconds(ms: int | None, suffix: str = "") -> str:
@@ -88,7 +93,7 @@ def render(status: dict[str, Any]) -> Group:
 
 async def _show(redis_url: str, as_json: bool, watch: bool) -> None:
     client = async_client(redis_url)
-    console = Console()
+    console = Console() if sys.stdout.isatty() else Console(width=UNBOUNDED_WIDTH)
     try:
         if not watch:
             status = await fleet_status(client)
@@ -114,15 +119,15 @@ async def _show(redis_url: str, as_json: bool, watch: bool) -> None:
     "--redis-url",
     envvar="SLUICE_REDIS_URL",
     show_envvar=True,
-    required=True,
-    help="Redis the fleet queues on.",
+    default=None,
+    help="Redis the fleet queues on (default: that of the sluice serve running on this machine).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the raw status as JSON.")
 @click.option("--watch", is_flag=True, help="Refresh every second until Ctrl-C.")
-def status(redis_url: str, as_json: bool, watch: bool) -> None:
+def status(redis_url: str | None, as_json: bool, watch: bool) -> None:
     """Live workers and gateways, and each model's queue (depth, pending, dead letters)."""
     try:
-        asyncio.run(_show(redis_url, as_json, watch))
+        asyncio.run(_show(redis_url_or_local(redis_url), as_json, watch))
     except KeyboardInterrupt:
         pass
     except REDIS_ERRORS as exc:

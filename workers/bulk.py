@@ -15,6 +15,8 @@ import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import FrameType
+from typing import Any
 
 import msgpack
 import orjson
@@ -27,6 +29,7 @@ from rq.serializers import JSONSerializer
 from shared import keys
 from shared.bulk import bulk_queue
 from shared.bulk_files import Item, read_items, write_output
+from shared.drain_deadline import DrainDeadline
 from shared.protocol import Request, decode_results, encode_requests, encode_results
 from shared.signature import Signature
 
@@ -263,6 +266,10 @@ class BulkWorker(SimpleWorker):
     stops that feeder too), and runs again within seconds a job whose feeder stopped renewing
     its lease, where rq's own abandoned-job check waits for the job's timeout."""
 
+    #: bounds rq's warm shutdown, which would wait for the running job however long it feeds.
+    drain: DrainDeadline | None = None
+    _running_job: str | None = None
+
     @property
     def dequeue_timeout(self) -> int:
         return MAINTENANCE_S  # an idle worker wakes up this often to look for orphans
@@ -270,6 +277,40 @@ class BulkWorker(SimpleWorker):
     def run_maintenance_tasks(self) -> None:
         super().run_maintenance_tasks()
         requeue_orphans(self.connection)
+
+    def execute_job(self, job: Job, queue: Any) -> Any:
+        self._running_job = job.id
+        try:
+            return super().execute_job(job, queue)
+        finally:
+            self._running_job = None
+
+    def request_stop(self, signum: int, frame: FrameType | None) -> None:
+        if self.drain is not None:
+            self.drain.signal()
+        super().request_stop(signum, frame)
+
+    def request_force_stop(self, signum: int, frame: FrameType | None) -> None:
+        if self.drain is not None:
+            self.drain.signal()  # the second signal: out at once
+        super().request_force_stop(signum, frame)
+
+    def in_hand(self) -> str:
+        """What a cut-short drain leaves: a job another rq worker resumes once its lease lapses."""
+        job = self._running_job
+        return f"bulk job {job} (resumed by another rq worker once its lease lapses)" if job else ""
+
+
+class QuietMaintenance(logging.Filter):
+    """rq logs its registry cleaning at INFO every MAINTENANCE_S; it is routine, so DEBUG."""
+
+    ROUTINE = ("cleaning registries", "cleaning group registries")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not any(text in str(record.msg) for text in self.ROUTINE):
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
 
 
 def requeue_orphans(connection: redis.Redis) -> list[str]:
