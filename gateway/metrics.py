@@ -1,7 +1,9 @@
 """Prometheus exposition of the fleet's figures, with Triton's metric names and labels.
 
 Nothing is counted in the gateway's memory: every scrape reads the per-model hashes that all
-workers add to, so any gateway shows the same fleet-wide totals.
+workers add to, so any gateway shows the same fleet-wide totals. The nv_* families are
+written as Triton writes them (gateway/triton_exposition.py); sluice's own go through
+prometheus_client.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from gateway.device_families import device_families
 from gateway.http_server import HttpRequest, HttpResponse
 from gateway.model_table import ModelTable
+from gateway.triton_exposition import Family, write
 from shared import keys
 from shared.stats import (
     DEAD_LETTERED,
@@ -98,13 +102,11 @@ class _Snapshot:
         return self._metrics
 
 
-def _failures(
-    stats: dict[tuple[str, str], VersionStats], gateway: dict[bytes, bytes]
-) -> CounterMetricFamily:
-    family = CounterMetricFamily(
+def _failures(stats: dict[tuple[str, str], VersionStats], gateway: dict[bytes, bytes]) -> Family:
+    family = Family(
         "nv_inference_request_failure",
+        "counter",
         "Number of failed inference requests, all batch sizes",
-        labels=[*LABELS, "reason"],
     )
     totals: dict[tuple[str, str, str], int] = defaultdict(int)
     for (model, version), s in stats.items():
@@ -113,8 +115,8 @@ def _failures(
     for field, value in gateway.items():
         model, version, reason = field.decode().rsplit(":", 2)
         totals[(model, version, reason)] += int(value)
-    for labels, value in sorted(totals.items()):
-        family.add_metric(list(labels), value)
+    for (model, version, reason), value in sorted(totals.items()):
+        family.add({"model": model, "version": version, "reason": reason}, value)
     return family
 
 
@@ -188,6 +190,33 @@ def _recovery_counters(names: list[str], raws: list[dict[bytes, bytes]]) -> list
     return [reclaimed, dead]
 
 
+def _counters(stats: dict[tuple[str, str], VersionStats]) -> list[Family]:
+    families = []
+    for metric, doc, field, divisor in _COUNTERS:
+        family = Family(metric, "counter", doc)
+        for (model, version), s in sorted(stats.items()):
+            family.add({"model": model, "version": version}, s.get(field) // divisor)
+        families.append(family)
+    return families
+
+
+def _pending(stats: dict[tuple[str, str], VersionStats], table: ModelTable) -> Family:
+    """Every version with statistics shows, at 0 when idle, as Triton's series do."""
+    family = Family(
+        "nv_inference_pending_request_count",
+        "gauge",
+        "Instantaneous number of pending requests awaiting execution per-model.",
+    )
+    inflight: dict[tuple[str, str], int] = dict.fromkeys(stats, 0)
+    for member in table.members:
+        for key, count in member.info.get("inflight", {}).items():
+            model, _, version = key.rpartition(":")
+            inflight[(model, version)] = inflight.get((model, version), 0) + count
+    for (model, version), count in sorted(inflight.items()):
+        family.add({"model": model, "version": version}, count)
+    return family
+
+
 async def render(redis: aioredis.Redis, table: ModelTable) -> bytes:
     names = sorted(table.models)
     async with redis.pipeline(transaction=False) as pipe:
@@ -200,31 +229,13 @@ async def render(redis: aioredis.Redis, table: ModelTable) -> bytes:
     for name, raw in zip(names, raws, strict=True):
         for version, s in parse_stats(raw).items():
             stats[(name, str(version))] = s
-    metrics: list[Metric] = []
-    for metric, doc, field, divisor in _COUNTERS:
-        family = CounterMetricFamily(metric.removesuffix("_total"), doc, labels=LABELS)
-        for (model, version), s in sorted(stats.items()):
-            family.add_metric([model, version], s.get(field) // divisor)
-        metrics.append(family)
-    metrics.append(_failures(stats, gateway))
-    pending = GaugeMetricFamily(
-        "nv_inference_pending_request_count",
-        "Instantaneous number of pending requests awaiting execution per-model.",
-        labels=LABELS,
-    )
-    inflight: dict[tuple[str, str], int] = defaultdict(int)
-    for member in table.members:
-        for key, count in member.info.get("inflight", {}).items():
-            model, _, version = key.rpartition(":")
-            inflight[(model, version)] += count
-    for (model, version), count in sorted(inflight.items()):
-        pending.add_metric([model, version], count)
-    metrics += [pending, _batch_histogram(stats), *_latency_histograms(stats)]
+    nv = [*_counters(stats), _failures(stats, gateway), _pending(stats, table)]
+    metrics: list[Metric] = [_batch_histogram(stats), *_latency_histograms(stats)]
     metrics += await _stream_gauges(redis, table)
     metrics += _recovery_counters(names, raws)
     registry = CollectorRegistry()
     registry.register(_Snapshot(metrics))  # type: ignore[arg-type]
-    return generate_latest(registry)
+    return write([*nv, *device_families(table.members)]) + generate_latest(registry)
 
 
 class MetricsApp:

@@ -10,18 +10,19 @@ from typing import Any
 import pytest
 
 DEPLOY = Path(__file__).parent.parent / "deploy"
-#: every metric family the gateways export (gateway/metrics.py), as Prometheus names them
+#: every per-model metric family the gateways export (gateway/metrics.py), as Prometheus
+#: stores them (Triton's bare counter names, sluice's own with _total)
 SERVED = {
-    "nv_inference_request_success_total",
-    "nv_inference_request_failure_total",
-    "nv_inference_count_total",
-    "nv_inference_exec_count_total",
+    "nv_inference_request_success",
+    "nv_inference_request_failure",
+    "nv_inference_count",
+    "nv_inference_exec_count",
     "nv_inference_pending_request_count",
-    "nv_inference_request_duration_us_total",
-    "nv_inference_queue_duration_us_total",
-    "nv_inference_compute_input_duration_us_total",
-    "nv_inference_compute_infer_duration_us_total",
-    "nv_inference_compute_output_duration_us_total",
+    "nv_inference_request_duration_us",
+    "nv_inference_queue_duration_us",
+    "nv_inference_compute_input_duration_us",
+    "nv_inference_compute_infer_duration_us",
+    "nv_inference_compute_output_duration_us",
     "sluice_batch_size_bucket",
     "sluice_queue_duration_seconds_bucket",
     "sluice_request_duration_seconds_bucket",
@@ -53,7 +54,7 @@ def test_dashboard_is_valid_json_with_a_model_variable() -> None:
     dashboard = json.loads((DEPLOY / "grafana" / "sluice-dashboard.json").read_text())
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
     assert variables["model"]["definition"] == (
-        "label_values(nv_inference_request_success_total, model)"
+        "label_values(nv_inference_request_success, model)"
     )
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))

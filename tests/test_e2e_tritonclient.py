@@ -257,17 +257,17 @@ def test_statistics_and_metrics_cover_the_fleet(
     success = next(
         line
         for line in text.splitlines()
-        if line.startswith('nv_inference_request_success_total{model="batch8"')
+        if line.startswith('nv_inference_request_success{model="batch8"')
     )
     assert float(success.split()[-1]) == stats["inference_stats"]["success"]["count"]
     for name in (
-        "nv_inference_request_failure_total",
-        "nv_inference_count_total",
-        "nv_inference_exec_count_total",
+        "nv_inference_request_failure",
+        "nv_inference_count",
+        "nv_inference_exec_count",
         "nv_inference_pending_request_count",
-        "nv_inference_request_duration_us_total",
-        "nv_inference_queue_duration_us_total",
-        "nv_inference_compute_infer_duration_us_total",
+        "nv_inference_request_duration_us",
+        "nv_inference_queue_duration_us",
+        "nv_inference_compute_infer_duration_us",
         "sluice_batch_size_bucket",
         "sluice_queue_duration_seconds_bucket",
         "sluice_request_duration_seconds_bucket",
