@@ -125,7 +125,10 @@ class ModelTable:
             if stale:
                 await self.redis.hdel(keys.FLEET, *stale)
             self.members = members
-            self.models = self._views(models_raw, members)
+            # none at all: a Redis that restarted empty, and its workers announce their models
+            # again within a heartbeat; until then requests for them are queued, not refused
+            if models_raw or not self.models:
+                self.models = self._views(models_raw, members)
             self._last_ok = time.monotonic()
             self._reachable = True
             self.refreshed.set()

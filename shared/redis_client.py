@@ -3,15 +3,22 @@
 `?cluster=true` on a redis:// or rediss:// URL selects a Redis Cluster client (any node of the
 cluster as the address): every key sluice uses carries a hash tag, so each command and script
 touches one slot and the same code runs on one server or a cluster.
+
+`redis+sentinel://[user:password@]host1:port1,host2:port2/<master-name>[?db=N]` selects the
+master that Redis Sentinel names: each new connection asks the sentinels where the master is,
+so clients follow a failover by reconnecting (user and password are the master's).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import redis
 import redis.asyncio as aioredis
+import redis.asyncio.sentinel as aiosentinel
+import redis.sentinel
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -21,6 +28,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 #: socket timeouts keep a dead Redis from hanging a request; blocking reads pass their own.
 CONNECT_TIMEOUT_S = 2.0
 CLUSTER_PARAM = "cluster"
+SENTINEL_SCHEME = "redis+sentinel"
+DEFAULT_SENTINEL_PORT = 26379
 
 #: what Redis calls raise when Redis is away: a cluster client raises RedisClusterException,
 #: which is not a RedisError, once no node answers.
@@ -42,6 +51,57 @@ def split_cluster_flag(url: str) -> tuple[str, bool]:
     return urlunsplit(parts._replace(query=rest)), flags[-1].lower() in ("1", "true", "yes")
 
 
+@dataclass(frozen=True, slots=True)
+class SentinelTarget:
+    """A redis+sentinel:// URL: where the sentinels are, and which master to ask them for."""
+
+    sentinels: list[tuple[str, int]]
+    master: str
+    #: the master's connection options: db, username, password.
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_sentinel_url(url: str) -> SentinelTarget | None:
+    """The sentinels and master of a redis+sentinel:// URL; None for any other scheme."""
+    scheme, _, rest = url.partition("://")
+    if scheme != SENTINEL_SCHEME:
+        return None
+    parts = urlsplit(f"redis://{rest}")
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    sentinels = []
+    for address in hosts.split(","):
+        host, colon, port = address.rpartition(":")
+        if not colon or host.endswith(":"):  # no port, or a bare IPv6 address
+            host, port = address, str(DEFAULT_SENTINEL_PORT)
+        if not host or not port.isdecimal():
+            raise ValueError(f"bad sentinel address {address!r} in {SENTINEL_SCHEME}:// URL")
+        sentinels.append((host.strip("[]"), int(port)))
+    master = unquote(parts.path.strip("/"))
+    if not master:
+        raise ValueError(f"{SENTINEL_SCHEME}:// URL names no master: .../<master-name>")
+    options: dict[str, Any] = {}
+    if userinfo:
+        user, colon, password = userinfo.partition(":")
+        if colon:
+            options["password"] = unquote(password)
+        if user:
+            options["username"] = unquote(user)
+    query = dict(parse_qsl(parts.query))
+    if "db" in query:
+        if not query["db"].isdecimal():
+            raise ValueError(f"db must be a number in {SENTINEL_SCHEME}:// URL")
+        options["db"] = int(query["db"])
+    return SentinelTarget(sentinels, master, options)
+
+
+#: sentinels are asked with timeouts whatever the master connection's: a dead one must not
+#: hang a connect.
+SENTINEL_OPTIONS = {
+    "socket_connect_timeout": CONNECT_TIMEOUT_S,
+    "socket_timeout": CONNECT_TIMEOUT_S,
+}
+
+
 def async_client(url: str, *, socket_timeout_s: float | None = 10.0) -> Any:
     """An asyncio client (hiredis parser when installed) with no response decoding."""
     plain, cluster = split_cluster_flag(url)
@@ -49,6 +109,12 @@ def async_client(url: str, *, socket_timeout_s: float | None = 10.0) -> Any:
         "socket_connect_timeout": CONNECT_TIMEOUT_S,
         "socket_timeout": socket_timeout_s,
     }
+    sentinel = parse_sentinel_url(plain)
+    if sentinel is not None:
+        manager = aiosentinel.Sentinel(sentinel.sentinels, sentinel_kwargs=SENTINEL_OPTIONS)
+        return manager.master_for(
+            sentinel.master, health_check_interval=0, **options, **sentinel.options
+        )
     if cluster:
         return AsyncRedisCluster.from_url(plain, **options)
     return aioredis.Redis.from_url(plain, health_check_interval=0, **options)
@@ -57,6 +123,10 @@ def async_client(url: str, *, socket_timeout_s: float | None = 10.0) -> Any:
 def sync_client(url: str) -> Any:
     plain, cluster = split_cluster_flag(url)
     options = {"socket_connect_timeout": CONNECT_TIMEOUT_S, "socket_timeout": 10.0}
+    sentinel = parse_sentinel_url(plain)
+    if sentinel is not None:
+        manager = redis.sentinel.Sentinel(sentinel.sentinels, sentinel_kwargs=SENTINEL_OPTIONS)
+        return manager.master_for(sentinel.master, **options, **sentinel.options)
     if cluster:
         return RedisCluster.from_url(plain, **options)
     return redis.Redis.from_url(plain, **options)

@@ -12,7 +12,8 @@ round trip: 23-28 µs of CPU against 49-54 µs on redis-py's connection, 2-core 
 come as hiredis gives them: XREAD's is a map under RESP3 (`stream_entries` reads both forms)
 and stream fields are flat [name, value, ...] lists, which `shared.protocol` reads too. A
 cluster client has no single connection to send on, so there a Wire goes through the client,
-which routes each command by its key.
+which routes each command by its key. On a Sentinel-managed client, redis-py's connection asks
+the sentinels for the master when it connects, so a Wire follows a failover by reconnecting.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import redis.asyncio as aioredis
 from redis._parsers.base import BaseParser
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import ReadOnlyError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared.redis_client import is_cluster
@@ -189,6 +190,11 @@ class Wire:
             # a reply may be left unread: the connection is out of step, never reuse it
             await link.close()
             raise
+        for reply in replies:
+            if isinstance(reply, ReadOnlyError):
+                # a master demoted by a failover: a new connection finds the new master
+                await link.close()
+                raise RedisConnectionError(f"Redis is a replica now: {reply}")
         self._idle.append(link)
         for reply in replies:
             if isinstance(reply, RedisError):

@@ -78,11 +78,11 @@ def test_bearer_token_guards_everything_but_health(model_repo: Path, redis_url: 
         stop_service(worker)
 
 
-def test_redis_outage_gives_fast_503_and_service_resumes(
+def test_redis_outage_past_the_grace_gives_503_and_service_resumes(
     model_repo: Path, persistent_redis: EmbeddedRedis
 ) -> None:
     url = persistent_redis.url
-    worker, gateway = _worker(model_repo, url), _gateway(url)
+    worker, gateway = _worker(model_repo, url), _gateway(url, "--redis-outage-grace", "1")
     client = httpclient.InferenceServerClient(gateway.http_url, network_timeout=20)
     try:
         _check(_infer(client, 1.0), 1.0)

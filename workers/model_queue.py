@@ -218,7 +218,8 @@ class ModelQueue:
                 if "NOGROUP" not in str(exc):
                     raise
                 log.warning("%s: consumer group gone (Redis lost its data?)", self.spec.name)
-                await self.ensure_groups()
+                if not await self._join_groups():
+                    break
                 continue
             except CONNECTION_ERRORS as exc:
                 delay = RETRY_DELAYS_S[min(attempt, len(RETRY_DELAYS_S) - 1)]
@@ -462,8 +463,9 @@ class ModelQueue:
         stream = recovery.stream
         rejected: list[tuple[Queued, Result]] = []
         for item in claimed:
-            if (stream, item.entry_id) in self.publisher.unanswered:
-                continue
+            key = (stream, item.entry_id)
+            if key in self.publisher.unanswered or key in self.publisher.unacked:
+                continue  # ours: in hand, or answered and waiting for Redis to take the ack
             try:
                 requests = decode_requests(item.fields) if item.fields else []
             except ProtocolError as exc:

@@ -4,6 +4,10 @@ One pipeline per batch: an XADD per gateway with requests in the batch, then one
 per request stream involved that acks and deletes the fully answered entries, lowers the
 queue-size counter and logs the batch's statistics (see shared/stats.py).
 
+Results outlive a Redis outage: a batch finished while Redis is unreachable keeps its
+encoded results and publishes them (and acks) once Redis is back, so nothing is computed twice
+and nothing is lost; gateways resolve each request once, should it also run elsewhere.
+
 A batch's statistics go with its own ack when the worker has nothing else in hand, so they
 are in Redis by the time its last client has its answer. Under load they are summed over
 the batches published within `STATS_FLUSH_S` and written with one of their acks, so that
@@ -32,7 +36,8 @@ log = logging.getLogger(__name__)
 
 #: safety cap on a gateway's reply stream, should that gateway stop trimming it.
 REPLY_STREAM_MAXLEN = 10_000
-RETRY_DELAYS_S = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
+#: pauses between attempts while Redis is unreachable (the last one repeats).
+RETRY_DELAYS_S = (0.05, 0.1, 0.2, 0.5)
 #: statistics of batches published while more work is in hand wait at most this long.
 STATS_FLUSH_S = 0.1
 
@@ -56,6 +61,8 @@ class Publisher:
         self.counted_levels = counted_levels
         #: (stream, entry id) -> requests of that entry not yet answered.
         self.unanswered: dict[EntryKey, int] = {}
+        #: answered entries whose acks wait for Redis to come back: still ours to keep alive.
+        self.unacked: dict[EntryKey, None] = {}
         self._finish = Lua(FINISH_BATCH_LUA)
         self._wire = Wire(redis)
         self._clock = clock
@@ -67,7 +74,7 @@ class Publisher:
         self.unanswered[(stream, entry_id)] = requests
 
     def held(self, stream: str) -> list[bytes]:
-        return [entry_id for s, entry_id in self.unanswered if s == stream]
+        return [entry_id for s, entry_id in (*self.unanswered, *self.unacked) if s == stream]
 
     def _settle(
         self, items: Sequence[Queued], extra_acks: Sequence[EntryKey]
@@ -132,7 +139,7 @@ class Publisher:
             if index == 0:
                 args += records
             calls.append(([stream, self.stats_key, self.sizes_key, self.log_key], args))
-        await self._send(by_route, calls, len(results))
+        await self._send(by_route, calls, len(results), done)
 
     async def close(self) -> None:
         await self._wire.close()
@@ -156,22 +163,32 @@ class Publisher:
         by_route: dict[str, list[Result]],
         calls: list[tuple[list[str], list[str | int | bytes]]],
         count: int,
+        done: dict[str, list[bytes]],
     ) -> None:
         commands = [
             xadd(route, encode_results(route_results), "MAXLEN", "~", REPLY_STREAM_MAXLEN)
             for route, route_results in by_route.items()
         ]
         commands += [self._finish.command(script_keys, args) for script_keys, args in calls]
-        for attempt, delay in enumerate((*RETRY_DELAYS_S, None)):
+        attempt = 0
+        while True:
             try:
                 await self._wire.execute(*commands)
             except CONNECTION_ERRORS as exc:
-                if delay is None:
-                    # the entries stay pending: a live worker takes them over and answers them
-                    log.error("%s: could not publish %d results: %s", self.model, count, exc)
-                    return
-                log.warning("%s: publish failed (attempt %d): %s", self.model, attempt + 1, exc)
-                await asyncio.sleep(delay)
+                if attempt == 0:
+                    log.warning(
+                        "%s: Redis unreachable (%s): keeping %d results until it is back",
+                        *(self.model, exc, count),
+                    )
+                    unacked = [(stream, i) for stream, ids in done.items() for i in ids]
+                    self.unacked.update(dict.fromkeys(unacked))
+                await asyncio.sleep(RETRY_DELAYS_S[min(attempt, len(RETRY_DELAYS_S) - 1)])
+                attempt += 1
                 continue
+            if attempt:
+                log.info("%s: published %d results kept through a Redis outage", self.model, count)
+                for stream, ids in done.items():
+                    for entry_id in ids:
+                        self.unacked.pop((stream, entry_id), None)
             await self._announce_jobs(by_route)
             return
