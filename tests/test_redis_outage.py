@@ -5,8 +5,11 @@ ports, killed and restarted by the tests; the tests play the other side of the s
 from __future__ import annotations
 
 import asyncio
+import http.client
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
+import orjson
 import pytest
 import redis.asyncio as aioredis
 
@@ -17,7 +20,7 @@ from shared.errors import Unavailable
 from shared.protocol import Request, Result, Tensor, decode_requests, decode_results, encode_results
 from shared.redis_client import async_client
 from sluice.embedded_redis import EmbeddedRedis
-from tests.conftest import free_port, needs_single_redis
+from tests.conftest import free_port, needs_single_redis, start_service, stop_service, wait_until
 from workers.pending import Queued
 from workers.publisher import Publisher
 
@@ -220,3 +223,40 @@ async def test_results_finished_while_redis_is_down_are_published_when_it_is_bac
         await client.aclose()
         await publisher.close()
         await publisher.redis.aclose()
+
+
+# -- end to end: what a client sees --------------------------------------------------
+
+
+def _post(address: str, rows: int) -> http.client.HTTPResponse:
+    body = {
+        "inputs": [{"name": "X", "shape": [rows, 4], "datatype": "FP32", "data": [0.5] * rows * 4}]
+    }
+    connection = http.client.HTTPConnection(*address.split(":"), timeout=60)
+    connection.request("POST", "/v2/models/affine/infer", orjson.dumps(body))
+    response = connection.getresponse()
+    response.read()
+    connection.close()
+    return response
+
+
+def test_clients_get_503_with_retry_after_past_the_grace_or_the_cap(
+    model_repo: Path, server: EmbeddedRedis
+) -> None:
+    service = start_service(
+        [
+            *("--model-repository", str(model_repo), "--redis-url", server.url),
+            *("--bulk-workers", "0", "--redis-outage-grace", "1", "--max-held-bytes", "100"),
+        ]
+    )
+    try:
+        assert _post(service.http_url, 1).status == 200
+        server.kill()
+        for rows in (8, 1):  # 128 bytes: over the cap at once; 16 bytes: held for the grace
+            response = _post(service.http_url, rows)
+            assert response.status == 503
+            assert response.getheader("Retry-After") == str(RETRY_AFTER_S)
+        server.start()
+        wait_until(lambda: _post(service.http_url, 1).status == 200, "service to resume")
+    finally:
+        stop_service(service)
