@@ -72,8 +72,8 @@ class Dispatcher:
         self.redis = redis
         self.reader = reader
         #: the hot path's commands on connections of their own: sends, and the reply read.
-        self._sends = Wire(redis)
-        self._reads = Wire(reader)
+        self._sends = Wire(redis, self._check_server)
+        self._reads = Wire(reader, self._check_server)
         self.reply_stream = keys.reply_stream(gateway_id)
         self.waiting: dict[str, asyncio.Future[Result]] = {}
         #: what each waiting request was sent as, to send it again after a Redis restart.
@@ -85,6 +85,9 @@ class Dispatcher:
         self._riding_out: asyncio.Task[None] | None = None
         #: the run id of the Redis server last seen (None: not known).
         self._server: str | None = None
+        #: a new server: read the reply stream from its start, as its entry ids (another
+        #: host's clock, or a stream that lost its tail) may sort before the last one read
+        self._reread_replies = False
         self._prefix = gateway_id
         self._ids = itertools.count()
         self._outbox: dict[Route, list[Request]] = defaultdict(list)
@@ -173,21 +176,18 @@ class Dispatcher:
     async def _flush(self) -> None:
         self._flush_scheduled = False
         outbox, self._outbox = self._outbox, defaultdict(list)
-        routed = [(route, request) for route, requests in outbox.items() for request in requests]
+        error = None
         if self._outage_since is None:
             self.idle_poll.arm()
-            error = await self._send(routed)
+            error = await self._send(outbox)
             if error is None:
                 return
-            self._begin_outage(error)
+        self._begin_outage(error)
         now = self._clock()
-        self._hold((route, request, now) for route, request in routed)
+        self._hold((route, r, now) for route, requests in outbox.items() for r in requests)
 
-    async def _send(self, routed: list[tuple[Route, Request]]) -> Exception | None:
-        """Send `routed` in one round trip; the connection error if Redis did not answer."""
-        outbox: dict[Route, list[Request]] = defaultdict(list)
-        for route, request in routed:
-            outbox[route].append(request)
+    async def _send(self, outbox: dict[Route, list[Request]]) -> Exception | None:
+        """Send `outbox` in one round trip; the connection error if Redis did not answer."""
         commands: list[Command] = []
         bounded: list[list[Request]] = []
         for route, requests in outbox.items():
@@ -212,7 +212,7 @@ class Dispatcher:
         except CONNECTION_ERRORS as exc:
             return exc
         except REDIS_ERRORS as exc:
-            self._fail([request for _, request in routed], f"queue unavailable: {exc}")
+            self._fail((r for rs in outbox.values() for r in rs), f"queue unavailable: {exc}")
             return None
         admitted = iter(reply for reply in replies if isinstance(reply, list))
         for requests in bounded:
@@ -247,8 +247,14 @@ class Dispatcher:
             )
             self._fail(refused, message, RETRY_AFTER_S)
 
-    def _begin_outage(self, error: Exception) -> None:
-        if self._outage_since is None:
+    def _check_server(self) -> None:
+        """A connection was replaced between two calls: if Redis restarted meanwhile, the
+        requests it lost must be sent again (the check is the outage task's last step)."""
+        self._begin_outage(None)
+
+    def _begin_outage(self, error: Exception | None) -> None:
+        """Start holding requests (`error`: why), and the task that waits for Redis."""
+        if self._outage_since is None and error is not None:
             log.warning("Redis unreachable (%s): holding requests until it is back", error)
             self._outage_since = self._clock()
         if self._riding_out is None:
@@ -268,8 +274,8 @@ class Dispatcher:
                     " (--redis-outage-grace)",
                     RETRY_AFTER_S,
                 )
-                assert self._outage_since is not None
-                if not inflight_failed and now - self._outage_since >= grace_s:
+                outage = self._outage_since
+                if outage is not None and not inflight_failed and now - outage >= grace_s:
                     inflight_failed = True
                     self._fail_sent(
                         f"queue unavailable: Redis unreachable for {grace_s:g} s"
@@ -295,6 +301,7 @@ class Dispatcher:
         restarted = server is None or server != self._server
         held = self._held.take()
         if restarted:
+            self._reread_replies = True
             if self._server is not None:
                 log.warning("Redis restarted: sending every unanswered request again")
             pending = {request.id for _, request, _ in held} | self._outbox_ids()
@@ -306,12 +313,16 @@ class Dispatcher:
             ]
         self._server = server
         while held:
-            error = await self._send([(route, request) for route, request, _ in held])
+            outbox: dict[Route, list[Request]] = defaultdict(list)
+            for route, request, _ in held:
+                outbox[route].append(request)
+            error = await self._send(outbox)
             if error is not None:
                 self._hold(held)
                 return False
             held = self._held.take()  # arrived while the last ones were sent
-        log.info("Redis reachable again: held requests sent")
+        if self._outage_since is not None:
+            log.info("Redis reachable again: held requests sent")
         self._outage_since = None
         return True
 
@@ -335,6 +346,8 @@ class Dispatcher:
         if self._server is None:
             self._server = await self._server_identity()
         while True:
+            if self._reread_replies:
+                self._reread_replies, last_id = False, b"0-0"
             try:
                 if unread_trim >= TRIM_EVERY_ENTRIES:
                     await self.reader.xtrim(self.reply_stream, minid=last_id, approximate=False)

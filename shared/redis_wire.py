@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import chain
 from typing import Any
 
@@ -153,10 +153,15 @@ class _Link(asyncio.Protocol):
 class Wire:
     """Commands in one round trip on a connection of this Wire's own (or via a cluster)."""
 
-    def __init__(self, client: aioredis.Redis) -> None:
+    def __init__(
+        self, client: aioredis.Redis, on_reconnect: Callable[[], None] | None = None
+    ) -> None:
         self._client = client
         self._cluster = is_cluster(client)
         self._idle: list[_Link] = []
+        #: told when a call is retried on a new connection: Redis may have restarted between
+        #: two calls, unseen by the caller
+        self._on_reconnect = on_reconnect
 
     async def execute(self, *commands: Command) -> list[Any]:
         """Each command's reply; an error reply raises once all replies are read."""
@@ -174,6 +179,8 @@ class Wire:
             # them and try once on a new one, as redis-py retries; a Redis that is down
             # fails that connect at once
             await self.close()
+            if self._on_reconnect is not None:
+                self._on_reconnect()
             return await self._round_trip(commands)
 
     async def _open(self) -> _Link:

@@ -99,10 +99,10 @@ async def _until_queued(url: str, model: str, ids: list[str]) -> None:
     raise AssertionError(f"timed out waiting for {ids} in the stream")
 
 
-async def _answer(url: str, d: Dispatcher, *ids: str) -> None:
+async def _answer(url: str, d: Dispatcher, *ids: str, entry_id: str = "*") -> None:
     client = async_client(url)
     try:
-        await client.xadd(d.reply_stream, encode_results([Result(i) for i in ids]))
+        await client.xadd(d.reply_stream, encode_results([Result(i) for i in ids]), id=entry_id)
     finally:
         await client.aclose()
 
@@ -127,14 +127,21 @@ async def test_requests_waiting_through_a_restart_that_lost_them_are_sent_again(
     server: EmbeddedRedis, dispatcher: Dispatcher
 ) -> None:
     await _until(lambda: dispatcher._server is not None, "the reader to learn the server")
+    answered_first = _request(dispatcher)
+    first = asyncio.create_task(dispatcher.submit(Route("m"), answered_first, 60))
+    await _until_queued(server.url, "m", [answered_first.id])
+    await _answer(server.url, dispatcher, answered_first.id)
+    await asyncio.wait_for(first, 30)  # the reader has read past this reply's id
     requests = [_request(dispatcher) for _ in range(3)]
     waiting = [asyncio.create_task(dispatcher.submit(Route("m"), r, 60)) for r in requests]
-    await _until_queued(server.url, "m", [r.id for r in requests])
+    await _until_queued(server.url, "m", [answered_first.id, *(r.id for r in requests)])
     server.kill()
     server.start()  # empty: no persistence
     await _until_queued(server.url, "m", [r.id for r in requests])  # sent again
-    # a request that ran twice (its entry survived and was sent again) resolves once
-    await _answer(server.url, dispatcher, *(r.id for r in requests))
+    # the new server's ids may sort before the last one read (another host's clock): read
+    # from the start; a request that ran twice (its entry survived and was sent again)
+    # resolves once
+    await _answer(server.url, dispatcher, *(r.id for r in requests), entry_id="1-0")
     await _answer(server.url, dispatcher, requests[0].id)
     results = await asyncio.wait_for(asyncio.gather(*waiting), 30)
     assert [r.id for r in results] == [r.id for r in requests]
