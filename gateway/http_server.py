@@ -3,8 +3,9 @@
 Measured against uvicorn's ASGI layer, most of a request's gateway time went to ASGI message
 plumbing and to writing the status line and the body in two syscalls. Here a request is
 parsed by httptools into one `HttpRequest`, handled by one coroutine, and answered with one
-write. Keep-alive, pipelining (answered in order), `Expect: 100-continue`, a body size
-limit and graceful shutdown are handled; nothing else is needed by KServe v2 clients.
+write. Keep-alive (HTTP/1.0's too), pipelining (answered in order), HEAD, `Expect:
+100-continue` (sent only to a request that will be served), limits on the body and on the
+header fields, and graceful shutdown are handled; nothing else is needed by KServe v2 clients.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import select
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -29,6 +31,17 @@ MAX_PIPELINED = 32
 REQUEST_TIMEOUT_S = 30.0
 #: an idle keep-alive connection is closed after this long.
 IDLE_TIMEOUT_S = 300.0
+#: at most this many loop turns at shutdown to accept and read requests that arrived before.
+MAX_ARRIVAL_TURNS = 100
+#: more header fields (distinct names) than this, or more bytes of them with the URL, is a 431.
+MAX_HEADERS = 100
+MAX_HEADER_BYTES = 16 << 10
+#: the most one read brings (asyncio's and uvloop's): httptools holds a header field until
+#: it ends, so one still unfinished past MAX_HEADER_BYTES plus this is refused unfinished.
+READ_SIZE = 256 << 10
+#: a refused request's connection reads and drops what the client still sends for this long
+#: before it closes: closing with unread data resets the connection, answer unread.
+LINGER_S = 2.0
 
 
 @dataclass(slots=True)
@@ -56,12 +69,42 @@ class HttpResponse:
 
 
 Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
+#: (method, path, headers) -> the answer a request gets whatever its body (401, 404), or None:
+#: lets a client that sent `Expect: 100-continue` be refused before it sends the body.
+Precheck = Callable[[str, str, dict[bytes, bytes]], HttpResponse | None]
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+JSON = b"application/json"
 
 
-def encode_response(response: HttpResponse, accept_encoding: bytes, keep_alive: bool) -> bytes:
-    """Status line, headers and body as one buffer (one write, one syscall)."""
+def _error(status: int, message: str) -> HttpResponse:
+    return HttpResponse(status, orjson.dumps({"error": message}), [(b"content-type", JSON)])
+
+
+class _Refused(Exception):
+    """Raised in a parser callback: answer `response` now and read no further request."""
+
+    def __init__(self, response: HttpResponse) -> None:
+        super().__init__(response.status)
+        self.response = response
+
+
+def _headers_too_large() -> _Refused:
+    message = f"request header fields too large (at most {MAX_HEADERS} fields, {MAX_HEADER_BYTES}"
+    return _Refused(_error(431, message + " bytes)"))
+
+
+def encode_response(
+    response: HttpResponse,
+    accept_encoding: bytes,
+    keep_alive: bool,
+    version: bytes = b"1.1",
+    head: bool = False,
+) -> bytes:
+    """Status line, headers and body as one buffer (one write, one syscall).
+
+    `version`: the client's (1.0 or 1.1); `head`: a HEAD request's answer, all but the body.
+    """
     body = response.body
     if isinstance(body, list):
         body = b"".join(body)
@@ -72,14 +115,22 @@ def encode_response(response: HttpResponse, accept_encoding: bytes, keep_alive: 
         body = compressor.compress(body) + compressor.flush()
         headers = [*headers, (b"content-encoding", b"gzip" if gzip else b"deflate")]
     status = response.status
-    lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Unknown"))]
+    lines = [b"HTTP/%s %d %s\r\n" % (version, status, _REASONS.get(status, b"Unknown"))]
     lines += [b"%s: %s\r\n" % pair for pair in headers]
     lines.append(b"content-length: %d\r\n" % len(body))
     if not keep_alive:
         lines.append(b"connection: close\r\n")
+    elif version == b"1.0":  # HTTP/1.0 closes unless told otherwise
+        lines.append(b"connection: keep-alive\r\n")
     lines.append(b"\r\n")
-    lines.append(body)
+    if not head:
+        lines.append(body)
     return b"".join(lines)
+
+
+def _split_url(url: bytes) -> tuple[str, str]:
+    path, _, query = url.partition(b"?")
+    return (unquote(path.decode("latin-1")) if path else "/"), query.decode("latin-1")
 
 
 class _Connection(asyncio.Protocol):
@@ -88,13 +139,20 @@ class _Connection(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
-        self.queue: collections.deque[tuple[HttpRequest, bool]] = collections.deque()
+        #: requests to answer, each with: keep-alive, HTTP version, whether it is a HEAD.
+        self.queue: collections.deque[tuple[HttpRequest, bool, bytes, bool]] = collections.deque()
         self.disconnected: asyncio.Future[None] = self.loop.create_future()
         self.worker: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         #: when the connection's timer expires (loop time), and why (None: idle).
         self.deadline = 0.0
         self.deadline_message: str | None = None
+        #: a request was refused before it was whole: what the client still sends is dropped.
+        self.refused = False
+        #: the client's HTTP version, b"1.0" or b"1.1", from its first request (one client).
+        self.version: bytes | None = None
+        #: the size of the chunk being parsed.
+        self.chunk = 0
         self._reset()
 
     def _reset(self) -> None:
@@ -103,6 +161,10 @@ class _Connection(asyncio.Protocol):
         self.body: list[bytes] = []
         self.size = 0
         self.refusal: str | None = None
+        #: whether the head is still arriving, and the bytes read while it did (chunk-wise,
+        #: so at least its size): only a head that may be large is measured exactly.
+        self.in_head = False
+        self.head_read = 0
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
@@ -119,15 +181,30 @@ class _Connection(asyncio.Protocol):
             self.disconnected.set_result(None)
 
     def data_received(self, data: bytes) -> None:
+        if self.refused:
+            return
+        self.chunk = len(data)
         try:
             self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            if isinstance(exc.__context__, _Refused):
+                self._refuse(exc.__context__.response)
+            else:
+                log.error("HTTP parser callback failed", exc_info=exc.__context__)
+                self._fail(f"malformed HTTP request: {exc}")
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
             self._fail(f"malformed HTTP request: {exc}")
+        else:
+            if self.in_head:
+                self.head_read += len(data)
+                if self.head_read > MAX_HEADER_BYTES + READ_SIZE:
+                    self._refuse(_headers_too_large().response)
 
     # -- httptools callbacks --------------------------------------------------------------
 
     def on_message_begin(self) -> None:
         self._reset()
+        self.in_head = True
         self._arm(REQUEST_TIMEOUT_S, "request not received in full within the time allowed")
 
     def on_url(self, url: bytes) -> None:
@@ -137,8 +214,42 @@ class _Connection(asyncio.Protocol):
         self.headers[name.lower()] = value
 
     def on_headers_complete(self) -> None:
-        if self.headers.get(b"expect", b"").lower() == b"100-continue" and self.transport:
+        self.in_head = False
+        if self.head_read + self.chunk > MAX_HEADER_BYTES or len(self.headers) > MAX_HEADERS:
+            self._check_head()
+        if self.headers.get(b"expect", b"").lower() == b"100-continue":
+            self._expect_continue()
+
+    def _check_head(self) -> None:
+        size = len(self.url) + sum(len(name) + len(value) for name, value in self.headers.items())
+        if size > MAX_HEADER_BYTES or len(self.headers) > MAX_HEADERS:
+            raise _headers_too_large()
+
+    def _expect_continue(self) -> None:
+        """Send `100 Continue` only for a request that will be served; refuse one that will
+        not before the client sends its body."""
+        if self.transport is None or self.parser.get_http_version() == "1.0":
+            return  # an HTTP/1.0 client does not know 100 (RFC 9110 §10.1.1)
+        refusal = self._refusal_before_body()
+        if refusal is None:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        elif not self.queue and self.worker is None:
+            raise _Refused(refusal)
+        # else earlier answers go first: without a 100 the client sends its body when its
+        # wait runs out, and the request is refused in its turn
+
+    def _refusal_before_body(self) -> HttpResponse | None:
+        length = self.headers.get(b"content-length", b"")
+        limit = self.server.max_body_bytes
+        if length.isdigit() and int(length) > limit:
+            return _error(413, f"request body exceeds the limit of {limit} bytes")
+        if self.server.precheck is None:
+            return None
+        method = self.parser.get_method()
+        path, _ = _split_url(self.url)
+        return self.server.precheck(
+            "GET" if method == b"HEAD" else method.decode("latin-1"), path, self.headers
+        )
 
     def on_body(self, body: bytes) -> None:
         self.size += len(body)
@@ -177,17 +288,21 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self._arm(IDLE_TIMEOUT_S, None)
-        path, _, query = self.url.partition(b"?")
+        path, query = _split_url(self.url)
+        method = self.parser.get_method()
+        head = method == b"HEAD"  # handled as a GET, answered without the body
         request = HttpRequest(
-            self.parser.get_method().decode("latin-1"),
-            unquote(path.decode("latin-1")) if path else "/",
+            "GET" if head else method.decode("latin-1"),
+            path,
             self.headers,
             self.body[0] if len(self.body) == 1 else b"".join(self.body),
             self.disconnected,
             self.refusal,
-            query.decode("latin-1"),
+            query,
         )
-        self.queue.append((request, self.parser.should_keep_alive()))
+        if self.version is None:
+            self.version = b"1.0" if self.parser.get_http_version() == "1.0" else b"1.1"
+        self.queue.append((request, self.parser.should_keep_alive(), self.version, head))
         if len(self.queue) >= MAX_PIPELINED and self.transport:
             self.transport.pause_reading()
         if self.worker is None:
@@ -199,21 +314,21 @@ class _Connection(asyncio.Protocol):
         """Handle queued requests one by one, so pipelined answers keep their order."""
         try:
             while self.queue:
-                request, keep_alive = self.queue[0]
+                request, keep_alive, version, head = self.queue[0]
                 self.server.busy += 1
                 try:
                     response = await self.server.handler(request)
                 finally:
                     self.server.busy -= 1
                 self.queue.popleft()
-                if self.transport is None or self.transport.is_closing():
+                if self.transport is None or self.transport.is_closing() or self.refused:
                     return
                 if response.stream is not None:
-                    await self._stream(response)
+                    await self._stream(response, version, head)
                     return
                 keep_alive = keep_alive and not self.server.closing
                 accept = request.headers.get(b"accept-encoding", b"")
-                self.transport.write(encode_response(response, accept, keep_alive))
+                self.transport.write(encode_response(response, accept, keep_alive, version, head))
                 if not keep_alive:
                     self.transport.close()
                     return
@@ -223,14 +338,17 @@ class _Connection(asyncio.Protocol):
             self.worker = None
             self.server.idle.set()
             if self.transport is not None and not self.transport.is_closing():
-                self._arm(IDLE_TIMEOUT_S, None)
+                self._arm(LINGER_S if self.refused else IDLE_TIMEOUT_S, None)
 
-    async def _stream(self, response: HttpResponse) -> None:
+    async def _stream(self, response: HttpResponse, version: bytes, head_only: bool) -> None:
         assert self.transport is not None and response.stream is not None
-        head = [b"HTTP/1.1 %d %s\r\n" % (response.status, _REASONS.get(response.status, b""))]
+        status = response.status
+        head = [b"HTTP/%s %d %s\r\n" % (version, status, _REASONS.get(status, b""))]
         head += [b"%s: %s\r\n" % pair for pair in response.headers]
         self.transport.write(b"".join([*head, b"connection: close\r\n\r\n"]))
         try:
+            if head_only:
+                return
             async for chunk in response.stream:
                 if self.transport.is_closing():
                     break
@@ -239,11 +357,21 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
     def _fail(self, message: str, status: int = 400) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            body = orjson.dumps({"error": message})
-            response = HttpResponse(status, body, [(b"content-type", b"application/json")])
-            self.transport.write(encode_response(response, b"", keep_alive=False))
+        self._refuse(_error(status, message))
+
+    def _refuse(self, response: HttpResponse) -> None:
+        """Answer and close, reading and dropping for a while what the client still sends, so
+        that it gets to read the answer."""
+        self.refused = True
+        if self.transport is None or self.transport.is_closing():
+            return
+        version = b"1.0" if self.parser.get_http_version() == "1.0" else b"1.1"
+        self.transport.write(encode_response(response, b"", False, version))
+        if not self.transport.can_write_eof():
             self.transport.close()
+            return
+        self.transport.write_eof()
+        self._arm(LINGER_S, None)
 
     def close_if_idle(self) -> None:
         if self.worker is None and self.transport is not None:
@@ -253,14 +381,41 @@ class _Connection(asyncio.Protocol):
 class HttpServer:
     """Serves `handler` on host:port until `shutdown()`."""
 
-    def __init__(self, handler: Handler, max_body_bytes: int = 64 << 20) -> None:
+    def __init__(
+        self, handler: Handler, max_body_bytes: int = 64 << 20, precheck: Precheck | None = None
+    ) -> None:
         self.handler = handler
         self.max_body_bytes = max_body_bytes
+        self.precheck = precheck
         self.connections: set[_Connection] = set()
         self.busy = 0
         self.closing = False
         self.idle = asyncio.Event()
         self._server: asyncio.Server | None = None
+
+    def _unread(self) -> bool:
+        """Whether a connection waits in the listen backlog, or bytes wait unread on an idle
+        connection: requests sent before the shutdown, which closing now would reset."""
+        server = self._server
+        sockets = list(server.sockets) if server is not None and server.is_serving() else []
+        sockets += [
+            c.transport.get_extra_info("socket")
+            for c in self.connections
+            if c.transport is not None and c.worker is None
+        ]
+        poller = select.poll()
+        for sock in sockets:
+            if sock is not None:
+                poller.register(sock.fileno(), select.POLLIN)
+        return any(events & select.POLLIN for _, events in poller.poll(0))
+
+    async def _take_arrivals(self) -> bool:
+        """Turn the loop until what arrived is accepted and read; whether anything was."""
+        turns = 0
+        while turns < MAX_ARRIVAL_TURNS and self._unread():
+            await asyncio.sleep(0)
+            turns += 1
+        return turns > 0
 
     async def _drained(self, timeout_s: float) -> bool:
         """Whether every connection finished its requests within `timeout_s`."""
@@ -291,10 +446,14 @@ class HttpServer:
         them (with an error), and get `answer_s` more for their answers to be written.
         """
         self.closing = True
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        await self._take_arrivals()
         if self._server is not None:
             self._server.close()
-        await asyncio.sleep(0)  # requests already in the sockets are read, and so drained
-        if not await self._drained(timeout_s):
+        drained = await self._drained(timeout_s)
+        while drained and await self._take_arrivals():
+            drained = await self._drained(deadline - asyncio.get_running_loop().time())
+        if not drained:
             log.warning("shutdown: %d requests still in flight after %gs", self.busy, timeout_s)
             if on_timeout is not None:
                 on_timeout()

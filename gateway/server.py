@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import socket
 import uuid
 from collections.abc import Callable
@@ -20,7 +19,7 @@ from gateway.jobs import JobStore
 from gateway.metrics import MetricsApp
 from gateway.model_table import ModelTable
 from gateway.outage import OutagePolicy
-from shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DrainDeadline
+from shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DrainDeadline, on_stop_signals
 from shared.errors import Unavailable
 from shared.gc_tuning import settle_after_startup
 from shared.idle_poll import DEFAULT_WINDOW_US
@@ -67,7 +66,7 @@ async def serve_gateway(
     jobs = JobStore(redis, waiter, config.limits.job_ttl_s)
     bulk = BulkApi(config.redis_url)
     app = GatewayApp(dispatcher, table, config.limits, jobs, bulk)
-    http = HttpServer(app, config.limits.max_body_bytes)
+    http = HttpServer(app, config.limits.max_body_bytes, app.precheck)
     metrics = HttpServer(MetricsApp(redis, table))
     stop = stop or _stop_on_signal(config.graceful_shutdown_s, http)
     background = [
@@ -110,13 +109,7 @@ def _stop_on_signal(drain_timeout_s: float, http: HttpServer) -> asyncio.Event:
         drain_timeout_s, "gateway", lambda: f"{http.busy} requests in flight" if http.busy else ""
     )
 
-    def on_signal() -> None:
-        deadline.signal()
-        stop.set()
-
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal)
+    on_stop_signals(deadline, asyncio.get_running_loop(), stop.set)
     return stop
 
 

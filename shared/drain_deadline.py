@@ -10,11 +10,14 @@ at once.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
+from types import FrameType
 from typing import NoReturn
 
 log = logging.getLogger(__name__)
@@ -82,3 +85,21 @@ class DrainDeadline:
             self._before_exit()
         finally:
             self._exit(CUT_SHORT_STATUS)
+
+
+def on_stop_signals(
+    deadline: DrainDeadline, loop: asyncio.AbstractEventLoop, stop: Callable[[], None]
+) -> None:
+    """SIGTERM/SIGINT start `deadline` and run `stop` on `loop`.
+
+    Plain signal handlers rather than the loop's: Python runs them on the main thread
+    between bytecodes, and Linux wakes a sleeping main thread for them, so the deadline
+    starts even while a model holds the loop's thread, where a loop handler would wait.
+    """
+
+    def on_signal(_signum: int, _frame: FrameType | None) -> None:
+        deadline.signal()
+        loop.call_soon_threadsafe(stop)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)

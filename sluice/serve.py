@@ -22,7 +22,7 @@ from pathlib import Path
 import uvloop
 
 from gateway.server import GatewayConfig, serve_gateway
-from shared.drain_deadline import DrainDeadline
+from shared.drain_deadline import DrainDeadline, on_stop_signals
 from shared.redis_client import split_cluster_flag
 from sluice import runtime_file
 from sluice.embedded_redis import EmbeddedRedis, die_with_parent
@@ -163,13 +163,11 @@ async def _serve(config: ServeConfig) -> None:
         kill_children,
     )
 
-    def on_signal() -> None:
-        deadline.signal()
+    def on_stop() -> None:
         stop_at.append(loop.time())
         stop.set()
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal)
+    on_stop_signals(deadline, loop, on_stop)
     for pool in pools:
         pool.start()
     host, port = config.gateway.host, config.gateway.http_port

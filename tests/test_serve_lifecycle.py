@@ -13,28 +13,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from tests.conftest import free_port, start_service, stop_service, wait_until
-
-
-def _descendants(pid: int) -> set[int]:
-    found: set[int] = set()
-    stack = [pid]
-    while stack:
-        parent = stack.pop()
-        for task in Path(f"/proc/{parent}/task").glob("*"):
-            children = (task / "children").read_text().split()
-            for child in map(int, children):
-                if child not in found:
-                    found.add(child)
-                    stack.append(child)
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+from tests.process_tree import alive, descendants
 
 
 def _infer_ones(url: str) -> np.ndarray:
@@ -53,7 +32,7 @@ def test_serve_starts_redis_and_workers_and_leaves_nothing(
     model_repo: Path, stop_signal: signal.Signals
 ) -> None:
     service = start_service(["--model-repository", str(model_repo), "--workers", "2"])
-    children = _descendants(service.process.pid)
+    children = descendants(service.process.pid)
     commands = {pid: Path(f"/proc/{pid}/cmdline").read_bytes() for pid in children}
     assert sum(b"redis-server" in c for c in commands.values()) == 1
     assert sum(b"sluice\0worker\0" in c for c in commands.values()) == 2
@@ -62,7 +41,7 @@ def test_serve_starts_redis_and_workers_and_leaves_nothing(
     service.process.send_signal(stop_signal)
     assert service.process.wait(60) == 0
     stop_service(service)
-    assert not [pid for pid in children if _alive(pid)]
+    assert not [pid for pid in children if alive(pid)]
 
 
 def _ready(url: str) -> bool:

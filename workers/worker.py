@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import socket
 import time
 import uuid
@@ -18,7 +17,7 @@ from redis.asyncio.client import Pipeline
 
 from shared import keys
 from shared.device_metrics import INFO_KEY as DEVICE_METRICS
-from shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DrainDeadline
+from shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DrainDeadline, on_stop_signals
 from shared.errors import ModelConfigError
 from shared.gc_tuning import settle_after_startup
 from shared.idle_poll import DEFAULT_WINDOW_US
@@ -233,10 +232,6 @@ class Worker:
         for queue in self.queues:
             queue.stop()
 
-    def _on_signal(self) -> None:
-        self.drain.signal()
-        self.stop()
-
     def _in_hand(self) -> str:
         """What a cut-short drain leaves: the requests stay pending in their streams, where
         another worker takes them over after --claim-idle-ms."""
@@ -278,9 +273,7 @@ class Worker:
                 )
             )
         settle_after_startup()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._on_signal)
+        on_stop_signals(self.drain, asyncio.get_running_loop(), self.stop)
         self.sampler.start()
         helpers = [asyncio.create_task(self._heartbeat())]
         if self.queues:

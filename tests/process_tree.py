@@ -1,0 +1,31 @@
+"""A process and its descendants, read from /proc: to check that a stop leaves nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def descendants(pid: int) -> set[int]:
+    found: set[int] = set()
+    stack = [pid]
+    while stack:
+        parent = stack.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                children = (task / "children").read_text().split()
+            except OSError:  # the task ended meanwhile
+                continue
+            for child in map(int, children):
+                if child not in found:
+                    found.add(child)
+                    stack.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie, ended but not yet reaped, counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
