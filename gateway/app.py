@@ -98,13 +98,24 @@ class GatewayApp:
         try:
             if request.refusal is not None:
                 raise PayloadTooLarge(request.refusal)
-            self._authorize(request.path, request.headers)
-            return await self._route(request)
+            refusal = self.precheck(request.method, request.path, request.headers)
+            return refusal or await self._route(request)
         except SluiceError as exc:
             return error_response(exc)
         except Exception as exc:  # a bug must still answer, not drop the connection
             log.exception("unhandled error on %s %s", request.method, request.path)
             return json_response({"error": f"internal error: {exc!r}"}, 500)
+
+    def precheck(self, method: str, path: str, headers: dict[bytes, bytes]) -> HttpResponse | None:
+        """The answer a request gets whatever its body (401, or 404 outside /v2), or None:
+        the HTTP server refuses such a request before an `Expect: 100-continue` body."""
+        try:
+            self._authorize(path, headers)
+        except SluiceError as exc:
+            return error_response(exc)
+        if path.strip("/").split("/", 1)[0] != "v2":
+            return json_response({"error": f"unknown path {path}"}, 404)
+        return None
 
     def _authorize(self, path: str, headers: dict[bytes, bytes]) -> None:
         token = self.limits.auth_token
@@ -116,10 +127,7 @@ class GatewayApp:
 
     async def _route(self, request: HttpRequest) -> HttpResponse:
         method, path = request.method, request.path
-        parts = path.strip("/").split("/")
-        if parts[0] != "v2":
-            return json_response({"error": f"unknown path {path}"}, 404)
-        rest = parts[1:]
+        rest = path.strip("/").split("/")[1:]  # under /v2 (precheck)
         if not rest or rest == [""]:
             return json_response(metadata.server_metadata())
         if rest[0] == "health" and len(rest) == 2 and rest[1] in ("live", "ready"):

@@ -97,3 +97,119 @@ async def test_an_idle_keep_alive_connection_is_closed_after_its_last_answer(
         assert status == 200
     assert await asyncio.wait_for(reader.read(), 10) == b""  # closed once idle
     writer.close()
+
+
+async def _read_head(reader: asyncio.StreamReader) -> tuple[bytes, dict[bytes, bytes]]:
+    """The status line and the headers (names lowercased) of the next response."""
+    status_line, *lines = (await reader.readuntil(b"\r\n\r\n")).split(b"\r\n")[:-2]
+    headers = dict(line.split(b": ", 1) for line in lines)
+    return status_line, {name.lower(): value for name, value in headers.items()}
+
+
+async def test_head_sends_the_headers_of_a_get_and_no_body(server: HttpServer) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", _port(server))
+    writer.write(b"HEAD /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n")
+    status_line, headers = await _read_head(reader)
+    assert status_line == b"HTTP/1.1 200 OK"
+    assert headers[b"content-length"] == str(len(b"GET /a 0")).encode()  # as a GET's would be
+    # what follows is the next answer, not a body
+    assert await _read_response(reader) == (200, b"GET /b 0")
+    writer.close()
+
+
+async def test_an_http_1_0_client_gets_its_version_and_a_close(server: HttpServer) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", _port(server))
+    writer.write(b"GET /a HTTP/1.0\r\n\r\n")
+    status_line, headers = await _read_head(reader)
+    assert status_line == b"HTTP/1.0 200 OK"
+    assert headers[b"connection"] == b"close"
+    assert await reader.read() == b"GET /a 0"  # then the connection is closed
+    writer.close()
+
+
+async def test_an_http_1_0_client_asking_for_keep_alive_gets_it_said(server: HttpServer) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", _port(server))
+    for path in (b"/a", b"/b"):
+        writer.write(b"GET %s HTTP/1.0\r\nConnection: keep-alive\r\n\r\n" % path)
+        status_line, headers = await _read_head(reader)
+        assert status_line == b"HTTP/1.0 200 OK"
+        assert headers[b"connection"] == b"keep-alive"
+        assert await reader.readexactly(int(headers[b"content-length"])) == b"GET %s 0" % path
+    writer.close()
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"".join(b"X-H%d: v\r\n" % i for i in range(101)),  # more than 100 header fields
+        b"X-Big: " + b"v" * (16 << 10) + b"\r\n",  # more than 16 KiB of header fields
+    ],
+    ids=["101 fields", "16 KiB"],
+)
+async def test_too_many_or_too_large_headers_are_a_431_and_a_close(
+    server: HttpServer, head: bytes
+) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", _port(server))
+    writer.write(b"GET /a HTTP/1.1\r\n" + head + b"\r\n")
+    status, body = await _read_response(reader)
+    assert status == 431 and b"header fields" in body
+    assert await reader.read() == b""
+    writer.close()
+
+
+async def test_headers_at_the_limits_are_served(server: HttpServer) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", _port(server))
+    fields = b"".join(b"X-H%d: v\r\n" % i for i in range(99))
+    writer.write(b"GET /a HTTP/1.1\r\nHost: x\r\n" + fields + b"\r\n")
+    assert await _read_response(reader) == (200, b"GET /a 0")
+    writer.close()
+
+
+async def test_a_header_that_never_ends_is_cut_off_early(server: HttpServer) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", _port(server))
+    writer.write(b"GET /a HTTP/1.1\r\nX-Endless: ")
+    for _ in range(64):  # 4 MiB of one header value, and no end of it
+        writer.write(b"v" * (64 << 10))
+        await writer.drain()
+    status, _ = await _read_response(reader)
+    assert status == 431
+    writer.close()
+
+
+async def test_no_100_continue_for_a_body_over_the_limit(server: HttpServer) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", _port(server))
+    writer.write(
+        b"POST /x HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 2000\r\n\r\n"
+    )
+    status, body = await _read_response(reader)  # the refusal, at once, and no 100
+    assert status == 413 and b"exceeds the limit of 1000 bytes" in body
+    assert await reader.read() == b""
+    writer.close()
+
+
+async def test_no_100_continue_for_a_request_the_precheck_refuses() -> None:
+    def precheck(method: str, path: str, headers: dict[bytes, bytes]) -> HttpResponse | None:
+        return HttpResponse(401, b"no") if path == "/private" else None
+
+    srv = HttpServer(_echo, max_body_bytes=1000, precheck=precheck)
+    await srv.start("127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", _port(srv))
+    writer.write(b"POST /private HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n")
+    assert await _read_response(reader) == (401, b"no")
+    assert await reader.read() == b""
+    writer.close()
+    reader, writer = await asyncio.open_connection("127.0.0.1", _port(srv))
+    writer.write(b"POST /public HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n")
+    assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
+    writer.write(b"ok")
+    assert await _read_response(reader) == (200, b"POST /public 2")
+    writer.close()
+    await srv.shutdown(1.0)
+
+
+async def test_no_100_continue_for_an_http_1_0_client(server: HttpServer) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", _port(server))
+    writer.write(b"POST /x HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\nok")
+    status_line, _ = await _read_head(reader)
+    assert status_line == b"HTTP/1.0 200 OK"
+    writer.close()
