@@ -1,8 +1,8 @@
 """Chaos under load, end to end: `sluice serve --workers 2`, 3,000 requests from 16 client
 threads; a worker is SIGKILLed at 25 %, and at 60 % Redis is SIGKILLed and restarted 2 s later
 with its append-only file (fsync once a second, so it may lose the last writes) or with no
-persistence at all, or the Redis master is SIGKILLed and Sentinel promotes its replica. Clients
-must not notice."""
+persistence at all, or the Redis master is SIGKILLed and Sentinel promotes its replica (after
+a worker SIGKILL at 25 % too). Clients must not notice."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.redis_client import sync_client
 from sluice.embedded_redis import EmbeddedRedis
 from tests.chaos import Figures, kill_a_worker, run_chaos
 from tests.conftest import free_port, needs_single_redis, start_service, stop_service
@@ -82,13 +83,20 @@ def test_a_sentinel_failover_under_load(model_repo: Path) -> None:
                 service.http_url,
                 TOTAL,
                 CONCURRENCY,
-                [(0.60, "master SIGKILL", sentinels.kill_master)],
+                [
+                    (0.25, "worker SIGKILL", kill_a_worker(sentinels.url)),
+                    (0.60, "master SIGKILL", sentinels.kill_master),
+                ],
             )
             sentinels.wait_promoted()
             connection = http.client.HTTPConnection(*service.http_url.split(":"))
             connection.request("GET", "/v2/health/ready")
             assert connection.getresponse().status == 200
             connection.close()
+            client = sync_client(sentinels.url)  # as rq and the command line connect
+            assert client.connection_pool.get_master_address()[1] == sentinels.replica.port
+            assert client.info("replication")["role"] == "master"
+            client.close()
         finally:
             stop_service(service)
     _assert_clients_did_not_notice(figures)
