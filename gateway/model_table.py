@@ -102,8 +102,8 @@ class ModelTable:
 
     @property
     def reachable(self) -> bool:
-        """False from the first failed refresh until one succeeds: requests then get a 503
-        at once instead of waiting on a dead connection."""
+        """False from the first failed refresh until one succeeds: the gateway then reports
+        not ready, so that balancers prefer others while it holds its requests."""
         return self._reachable and time.monotonic() - self._last_ok < 3 * HEARTBEAT_INTERVAL_S
 
     async def refresh(self) -> None:
@@ -171,7 +171,7 @@ class ModelTable:
                 if self._reachable:
                     log.warning("Redis unreachable: %s", exc)
                 self._reachable = False
-            # while Redis is away, look again soon: requests get fast 503s until it is back
+            # while Redis is away, look again soon: readiness comes back with it
             await asyncio.sleep(HEARTBEAT_INTERVAL_S if self._reachable else RETRY_INTERVAL_S)
 
     async def remove_self(self) -> None:
