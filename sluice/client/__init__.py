@@ -2,7 +2,7 @@
 
     from sluice.client import Client, as_completed
 
-    client = Client("http://127.0.0.1:8000")
+    client = Client("http://127.0.0.1:8000")                  # or https://..., ca_file=...
     outputs = client.infer("mlp", {"INPUT__0": x})            # numpy or torch in, numpy out
     Client(url, tensors="torch")                              # ... or torch tensors out
     job = client.submit("mlp", {"INPUT__0": x}, job_id="a1")  # returns at once
@@ -17,6 +17,7 @@ carrying the server's status code and message. Tensors travel in Triton's binary
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 import orjson
 
 from . import errors
-from ._http import AsyncTransport, SyncTransport
+from ._http import AsyncTransport, Endpoint, SyncTransport
 from ._wire import Tensorish, TensorKind, as_kind, decode_response, encode_request
 from .direct import RedisClient, RedisJob
 from .errors import JobTimeout, SluiceClientError
@@ -91,8 +92,14 @@ class Client:
         timeout_s: float = 300.0,
         auth_token: str | None = None,
         tensors: TensorKind = "numpy",
+        ca_file: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        self._http = SyncTransport(url, timeout_s, _auth(auth_token))
+        """`https://` URLs use TLS with the system's CAs, or `ca_file`'s, or `ssl_context`;
+        port 443 by default (8000 for http:// or no scheme)."""
+        self._http = SyncTransport(
+            Endpoint(url, ca_file, ssl_context), timeout_s, _auth(auth_token)
+        )
         self._tensors = tensors
 
     def infer(
@@ -195,8 +202,13 @@ class AsyncClient:
         timeout_s: float = 300.0,
         auth_token: str | None = None,
         tensors: TensorKind = "numpy",
+        ca_file: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        self._http = AsyncTransport(url, timeout_s, _auth(auth_token))
+        """As `Client`'s: TLS for `https://` URLs."""
+        self._http = AsyncTransport(
+            Endpoint(url, ca_file, ssl_context), timeout_s, _auth(auth_token)
+        )
         self._tensors = tensors
 
     async def infer(

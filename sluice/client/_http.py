@@ -1,22 +1,54 @@
-"""The SDK's HTTP/1.1 transports: blocking (http.client) and asyncio, both keep-alive."""
+"""The SDK's HTTP/1.1 transports: blocking (http.client) and asyncio, both keep-alive, over
+plain HTTP or TLS (https://, with certificate and hostname checks)."""
 
 from __future__ import annotations
 
 import asyncio
 import http.client
+import ssl
 from urllib.parse import urlsplit
 
 Response = tuple[int, dict[str, str], bytes]
 
+#: a URL's port when it names none: sluice's for http (and no scheme), the standard for https.
+DEFAULT_PORTS = {"http": 8000, "https": 443}
 
-def split_url(url: str) -> tuple[str, int]:
+
+def split_url(url: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of a gateway URL; a bare `host[:port]` is http."""
     parts = urlsplit(url if "://" in url else f"http://{url}")
-    return parts.hostname or "127.0.0.1", parts.port or 8000
+    if parts.scheme not in DEFAULT_PORTS:
+        raise ValueError(
+            f"unsupported URL scheme '{parts.scheme}' in {url!r}: use http:// or https://"
+        )
+    return parts.scheme, parts.hostname or "127.0.0.1", parts.port or DEFAULT_PORTS[parts.scheme]
+
+
+def tls_context(
+    scheme: str, ca_file: str | None, ssl_context: ssl.SSLContext | None
+) -> ssl.SSLContext | None:
+    """The TLS settings for an https URL: `ssl_context` as given, else the system's CAs (or
+    only `ca_file`'s) with hostname checks; None for plain http."""
+    if scheme == "http":
+        if ca_file is not None or ssl_context is not None:
+            raise ValueError("ca_file and ssl_context need an https:// URL")
+        return None
+    return ssl_context or ssl.create_default_context(cafile=ca_file)
+
+
+class Endpoint:
+    """Where a transport connects, and how (TLS settings for https)."""
+
+    def __init__(self, url: str, ca_file: str | None, ssl_context: ssl.SSLContext | None) -> None:
+        scheme, self.host, self.port = split_url(url)
+        self.tls = tls_context(scheme, ca_file, ssl_context)
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self.host_header = f"{host}:{self.port}"
 
 
 class SyncTransport:
-    def __init__(self, url: str, timeout_s: float, headers: dict[str, str]) -> None:
-        self.host, self.port = split_url(url)
+    def __init__(self, endpoint: Endpoint, timeout_s: float, headers: dict[str, str]) -> None:
+        self.endpoint = endpoint
         self.timeout_s = timeout_s
         self.headers = headers
         self._conn: http.client.HTTPConnection | None = None
@@ -31,7 +63,7 @@ class SyncTransport:
     ) -> Response:
         for attempt in (1, 2):  # a kept-alive connection the server closed is reopened once
             if self._conn is None:
-                self._conn = http.client.HTTPConnection(self.host, self.port, self.timeout_s)
+                self._conn = self._connect()
             self._conn.timeout = timeout_s or self.timeout_s
             try:
                 self._conn.request(
@@ -47,6 +79,14 @@ class SyncTransport:
             return response.status, {k.lower(): v for k, v in response.getheaders()}, data
         raise AssertionError("unreachable")
 
+    def _connect(self) -> http.client.HTTPConnection:
+        where = self.endpoint
+        if where.tls is None:
+            return http.client.HTTPConnection(where.host, where.port, self.timeout_s)
+        return http.client.HTTPSConnection(
+            where.host, where.port, timeout=self.timeout_s, context=where.tls
+        )
+
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
@@ -56,8 +96,8 @@ class SyncTransport:
 class AsyncTransport:
     """One connection per request in flight, kept for reuse: concurrent calls are fine."""
 
-    def __init__(self, url: str, timeout_s: float, headers: dict[str, str]) -> None:
-        self.host, self.port = split_url(url)
+    def __init__(self, endpoint: Endpoint, timeout_s: float, headers: dict[str, str]) -> None:
+        self.endpoint = endpoint
         self.timeout_s = timeout_s
         self.headers = headers
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
@@ -76,7 +116,9 @@ class AsyncTransport:
                 reader, writer = (
                     self._idle.pop()
                     if reused
-                    else await asyncio.open_connection(self.host, self.port)
+                    else await asyncio.open_connection(
+                        self.endpoint.host, self.endpoint.port, ssl=self.endpoint.tls
+                    )
                 )
                 try:
                     response = await self._exchange(reader, writer, method, path, body, headers)
@@ -107,7 +149,7 @@ class AsyncTransport:
         all_headers = {
             **self.headers,
             **(headers or {}),
-            "Host": f"{self.host}:{self.port}",
+            "Host": self.endpoint.host_header,
             "Content-Length": str(len(body)),
         }
         head = (
