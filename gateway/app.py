@@ -102,6 +102,8 @@ class GatewayApp:
             return refusal or await self._route(request)
         except SluiceError as exc:
             return error_response(exc)
+        except REDIS_ERRORS as exc:  # a read of the fleet's records (fleet, stats) meanwhile
+            return error_response(Unavailable(f"Redis is unreachable: {exc}", RETRY_AFTER_S))
         except Exception as exc:  # a bug must still answer, not drop the connection
             log.exception("unhandled error on %s %s", request.method, request.path)
             return json_response({"error": f"internal error: {exc!r}"}, 500)

@@ -263,6 +263,11 @@ def test_clients_get_503_with_retry_after_past_the_grace_or_the_cap(
             response = _post(service.http_url, rows)
             assert response.status == 503
             assert response.getheader("Retry-After") == str(RETRY_AFTER_S)
+        connection = http.client.HTTPConnection(*service.http_url.split(":"), timeout=60)
+        connection.request("GET", "/v2/fleet")  # read from Redis alone
+        fleet = connection.getresponse()
+        assert (fleet.status, fleet.getheader("Retry-After")) == (503, str(RETRY_AFTER_S))
+        connection.close()
         server.start()
         wait_until(lambda: _post(service.http_url, 1).status == 200, "service to resume")
     finally:
