@@ -315,7 +315,8 @@ class Dispatcher:
         while held:
             outbox: dict[Route, list[Request]] = defaultdict(list)
             for route, request, _ in held:
-                outbox[route].append(request)
+                if request.id in self.waiting:  # not timed out or cancelled meanwhile
+                    outbox[route].append(request)
             error = await self._send(outbox)
             if error is not None:
                 self._hold(held)
