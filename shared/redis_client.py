@@ -102,6 +102,16 @@ SENTINEL_OPTIONS = {
 }
 
 
+class _SentinelConnection(redis.sentinel.SentinelManagedConnection):
+    """redis-py's sync Sentinel connection keeps a connection whose read was interrupted (a
+    signal during a blocking read: rq's warm shutdown) and hands it out of step with its
+    replies; a plain connection drops it, and so does this one."""
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("disconnect_on_error", True)
+        return super().read_response(*args, **kwargs)
+
+
 def async_client(url: str, *, socket_timeout_s: float | None = 10.0) -> Any:
     """An asyncio client (hiredis parser when installed) with no response decoding."""
     plain, cluster = split_cluster_flag(url)
@@ -126,7 +136,12 @@ def sync_client(url: str) -> Any:
     sentinel = parse_sentinel_url(plain)
     if sentinel is not None:
         manager = redis.sentinel.Sentinel(sentinel.sentinels, sentinel_kwargs=SENTINEL_OPTIONS)
-        return manager.master_for(sentinel.master, **options, **sentinel.options)
+        return manager.master_for(
+            sentinel.master,
+            connection_class=_SentinelConnection,
+            **options,
+            **sentinel.options,
+        )
     if cluster:
         return RedisCluster.from_url(plain, **options)
     return redis.Redis.from_url(plain, **options)
