@@ -313,7 +313,7 @@ def gateway(
     from sluice import preflight
 
     preflight.check_ports(host, {"--http-port": http_port, "--metrics-port": metrics_port})
-    preflight.check_redis(redis_url)
+    preflight.check_redis_url(redis_url)
     _logging(log_level)
     config = _gateway_config(
         redis_url,
@@ -382,7 +382,7 @@ def worker(
 
     preflight.check_repository(model_repository)
     preflight.check_ports(host, {"--health-port": health_port})
-    preflight.check_redis(redis_url)
+    preflight.check_redis_url(redis_url)
     _logging(log_level)
     wanted = tuple(m.strip() for m in models.split(",") if m.strip()) if models else None
     recovery = RecoveryPolicy(claim_idle_ms, max_deliveries)

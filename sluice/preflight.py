@@ -16,10 +16,11 @@ from urllib.parse import urlsplit, urlunsplit
 import click
 
 from shared.model_config import CONFIG_FILENAME
-from shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS, sync_client
+from shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS, SENTINEL_SCHEME, sync_client
 
 #: the exit status of a start-up mistake (click's usage errors use it too).
 STARTUP_ERROR_STATUS = 2
+REDIS_SCHEMES = ("redis", "rediss", "unix", SENTINEL_SCHEME)
 
 
 class StartupError(click.ClickException):
@@ -78,8 +79,18 @@ def shown_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+def check_redis_url(url: str, option: str = "--redis-url") -> None:
+    """A URL of a scheme sluice knows. gateway and worker check no more: they wait for a Redis
+    that is not up yet (as through an outage), so a fleet starts in any order."""
+    scheme = urlsplit(url).scheme
+    if scheme not in REDIS_SCHEMES:
+        known = ", ".join(f"{s}://" for s in REDIS_SCHEMES)
+        raise StartupError(f"{option} {shown_url(url)}: unknown scheme {scheme!r} (use {known})")
+
+
 def check_redis(url: str, option: str = "--redis-url") -> None:
-    """A URL sluice can use, of a Redis that answers PING."""
+    """A URL sluice can use, of a Redis that answers PING (serve: the user means it now)."""
+    check_redis_url(url, option)
     shown = shown_url(url)
     try:
         client = sync_client(url)

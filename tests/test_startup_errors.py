@@ -15,6 +15,7 @@ import pytest
 from tests.conftest import free_port
 
 MARK = "SLUICE_STARTUP_TEST_MARK"
+KNOWN_SCHEMES = "(use redis://, rediss://, unix://, redis+sentinel://)"
 
 
 def _marked_processes(mark: str) -> list[int]:
@@ -108,8 +109,9 @@ def test_an_unreachable_redis(model_repo: Path) -> None:
 def test_a_bad_url_scheme_hides_the_password(model_repo: Path) -> None:
     code, [line] = _serve(model_repo, "--redis-url", "http://user:secret@127.0.0.1:6379")
     assert code == 2
-    assert line.startswith("sluice: --redis-url http://user:***@127.0.0.1:6379: ")
-    assert "redis://" in line and "secret" not in line
+    assert line == (
+        f"sluice: --redis-url http://user:***@127.0.0.1:6379: unknown scheme 'http' {KNOWN_SCHEMES}"
+    )
 
 
 def test_gateway_and_worker_check_too(model_repo: Path, busy_port: int, redis_url: str) -> None:
@@ -120,7 +122,10 @@ def test_gateway_and_worker_check_too(model_repo: Path, busy_port: int, redis_ur
         2,
         [f"sluice: --health-port {busy_port}: address already in use"],
     )
-    url = "unix:///nonexistent/redis.sock"
-    code, [line] = _start("worker", "--redis-url", url, "--model-repository", str(model_repo))
-    assert code == 2
-    assert line.startswith(f"sluice: --redis-url {url}: cannot reach Redis (")
+    # a Redis that is not up yet is waited for (a fleet starts in any order); a wrong URL is not
+    assert _start(
+        "worker", "--redis-url", "127.0.0.1:6379", "--model-repository", str(model_repo)
+    ) == (
+        2,
+        [f"sluice: --redis-url 127.0.0.1:6379: unknown scheme '' {KNOWN_SCHEMES}"],
+    )
