@@ -22,7 +22,7 @@ from pathlib import Path
 import uvloop
 
 from gateway.server import GatewayConfig, serve_gateway
-from shared.drain_deadline import DrainDeadline, on_stop_signals
+from shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DrainDeadline, on_stop_signals
 from shared.redis_client import split_cluster_flag
 from sluice import runtime_file
 from sluice.embedded_redis import EmbeddedRedis, die_with_parent
@@ -49,7 +49,7 @@ class ServeConfig:
     #: the log level of every process serve starts.
     log_level: str = "info"
     #: seconds from a stop signal until every process serve started has exited.
-    drain_timeout_s: float = 30.0
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
 
 
 def worker_argv(repository: Path, redis_url: str, extra: tuple[str, ...] = ()) -> list[str]:
@@ -64,7 +64,9 @@ def worker_argv(repository: Path, redis_url: str, extra: tuple[str, ...] = ()) -
     ]
 
 
-def bulk_worker_argv(redis_url: str, log_level: str, drain_timeout_s: float = 30.0) -> list[str]:
+def bulk_worker_argv(
+    redis_url: str, log_level: str, drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+) -> list[str]:
     return [
         *(*SLUICE, "jobs", "worker", "--redis-url", redis_url, "--log-level", log_level),
         *("--drain-timeout", f"{drain_timeout_s:g}"),
