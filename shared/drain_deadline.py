@@ -29,11 +29,8 @@ DRAIN_TIMEOUT_HELP = (
 )
 #: the exit status of a process whose drain was cut short (deadline or second signal).
 CUT_SHORT_STATUS = 1
-
-
-def _exit(status: int) -> NoReturn:
-    logging.shutdown()  # flush the handlers: os._exit skips it
-    os._exit(status)
+#: how long a cut-short exit waits for its log line to be written.
+REPORT_TIMEOUT_S = 1.0
 
 
 class DrainDeadline:
@@ -50,7 +47,7 @@ class DrainDeadline:
         what: str,
         pending: Callable[[], str] = lambda: "",
         before_exit: Callable[[], None] = lambda: None,
-        exit_process: Callable[[int], NoReturn] = _exit,
+        exit_process: Callable[[int], NoReturn] = os._exit,
     ) -> None:
         self.timeout_s = timeout_s
         self.what = what
@@ -76,15 +73,22 @@ class DrainDeadline:
 
     def cut_short(self, reason: str) -> NoReturn:
         try:
+            self._before_exit()
+        finally:
+            # the report goes on a thread of its own: a log handler whose lock a stuck thread
+            # holds (a full pipe) must not keep the process alive
+            report = threading.Thread(target=self._report, args=(reason,), daemon=True)
+            report.start()
+            report.join(REPORT_TIMEOUT_S)
+            self._exit(CUT_SHORT_STATUS)
+
+    def _report(self, reason: str) -> None:
+        try:
             pending = self._pending()
         except Exception as exc:  # the exit must happen whatever the description does
             pending = f"unknown ({exc!r})"
         detail = f"; still pending: {pending}" if pending else ""
         log.error("%s exits after %s%s", self.what, reason, detail)
-        try:
-            self._before_exit()
-        finally:
-            self._exit(CUT_SHORT_STATUS)
 
 
 def on_stop_signals(
