@@ -33,7 +33,7 @@ REQUEST_TIMEOUT_S = 30.0
 IDLE_TIMEOUT_S = 300.0
 #: at most this many loop turns at shutdown to accept and read requests that arrived before.
 MAX_ARRIVAL_TURNS = 100
-#: more header fields (distinct names) than this, or more bytes of them with the URL, is a 431.
+#: more header fields than this, or more bytes of them with the URL, is a 431.
 MAX_HEADERS = 100
 MAX_HEADER_BYTES = 16 << 10
 #: the most one read brings (asyncio's and uvloop's): httptools holds a header field until
@@ -158,6 +158,8 @@ class _Connection(asyncio.Protocol):
     def _reset(self) -> None:
         self.url = b""
         self.headers: dict[bytes, bytes] = {}
+        #: header fields received, repeated names included.
+        self.header_count = 0
         self.body: list[bytes] = []
         self.size = 0
         self.refusal: str | None = None
@@ -212,17 +214,18 @@ class _Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers[name.lower()] = value
+        self.header_count += 1
 
     def on_headers_complete(self) -> None:
         self.in_head = False
-        if self.head_read + self.chunk > MAX_HEADER_BYTES or len(self.headers) > MAX_HEADERS:
+        if self.head_read + self.chunk > MAX_HEADER_BYTES or self.header_count > MAX_HEADERS:
             self._check_head()
         if self.headers.get(b"expect", b"").lower() == b"100-continue":
             self._expect_continue()
 
     def _check_head(self) -> None:
         size = len(self.url) + sum(len(name) + len(value) for name, value in self.headers.items())
-        if size > MAX_HEADER_BYTES or len(self.headers) > MAX_HEADERS:
+        if size > MAX_HEADER_BYTES or self.header_count > MAX_HEADERS:
             raise _headers_too_large()
 
     def _expect_continue(self) -> None:

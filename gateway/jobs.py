@@ -16,6 +16,7 @@ import msgpack
 import redis.asyncio as aioredis
 
 from gateway.dispatcher import Route
+from gateway.outage import RETRY_AFTER_S
 from shared import keys
 from shared.admission import enqueue_command, queue_full
 from shared.errors import InvalidInput, Unavailable
@@ -86,7 +87,7 @@ class JobStore:
                 await self.redis.xadd(keys.request_stream(route.model, route.level), entry)
             await self.redis.publish(keys.job_channel(request.id), job_event(request.id, "queued"))
         except REDIS_ERRORS as exc:
-            raise Unavailable(f"queue unavailable: {exc}") from None
+            raise Unavailable(f"queue unavailable: {exc}", RETRY_AFTER_S) from None
         return True
 
     async def get(self, job_id: str, wait_s: float = 0.0) -> Job | None:
@@ -97,7 +98,7 @@ class JobStore:
                 await self.waiter.xread({stream: entries[0][0]}, block=int(wait_s * 1000))
                 entries = await self.redis.xrange(stream, count=2)
         except REDIS_ERRORS as exc:
-            raise Unavailable(f"queue unavailable: {exc}") from None
+            raise Unavailable(f"queue unavailable: {exc}", RETRY_AFTER_S) from None
         if not entries or b"m" not in entries[0][1]:
             return None
         meta = msgpack.unpackb(entries[0][1][b"m"])
@@ -114,4 +115,4 @@ class JobStore:
                 await self._cancel(keys=[keys.job_stream(job_id)], args=[fields["h"], fields["d"]])
             )
         except REDIS_ERRORS as exc:
-            raise Unavailable(f"queue unavailable: {exc}") from None
+            raise Unavailable(f"queue unavailable: {exc}", RETRY_AFTER_S) from None

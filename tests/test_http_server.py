@@ -142,9 +142,10 @@ async def test_an_http_1_0_client_asking_for_keep_alive_gets_it_said(server: Htt
     "head",
     [
         b"".join(b"X-H%d: v\r\n" % i for i in range(101)),  # more than 100 header fields
+        b"X-Same: v\r\n" * 101,  # as many, all of one name
         b"X-Big: " + b"v" * (16 << 10) + b"\r\n",  # more than 16 KiB of header fields
     ],
-    ids=["101 fields", "16 KiB"],
+    ids=["101 fields", "101 of one name", "16 KiB"],
 )
 async def test_too_many_or_too_large_headers_are_a_431_and_a_close(
     server: HttpServer, head: bytes

@@ -235,12 +235,12 @@ async def test_results_finished_while_redis_is_down_are_published_when_it_is_bac
 # -- end to end: what a client sees --------------------------------------------------
 
 
-def _post(address: str, rows: int) -> http.client.HTTPResponse:
+def _post(address: str, rows: int, action: str = "infer") -> http.client.HTTPResponse:
     body = {
         "inputs": [{"name": "X", "shape": [rows, 4], "datatype": "FP32", "data": [0.5] * rows * 4}]
     }
     connection = http.client.HTTPConnection(*address.split(":"), timeout=60)
-    connection.request("POST", "/v2/models/affine/infer", orjson.dumps(body))
+    connection.request("POST", f"/v2/models/affine/{action}", orjson.dumps(body))
     response = connection.getresponse()
     response.read()
     connection.close()
@@ -263,6 +263,8 @@ def test_clients_get_503_with_retry_after_past_the_grace_or_the_cap(
             response = _post(service.http_url, rows)
             assert response.status == 503
             assert response.getheader("Retry-After") == str(RETRY_AFTER_S)
+        job = _post(service.http_url, 1, "jobs")  # a job is queued at once or refused
+        assert (job.status, job.getheader("Retry-After")) == (503, str(RETRY_AFTER_S))
         connection = http.client.HTTPConnection(*service.http_url.split(":"), timeout=60)
         connection.request("GET", "/v2/fleet")  # read from Redis alone
         fleet = connection.getresponse()
