@@ -225,7 +225,13 @@ async def render(redis: aioredis.Redis, table: ModelTable) -> bytes:
         pipe.hgetall(keys.GATEWAY_STATS)
         *replies, gateway = await pipe.execute()
     raws = [stats_hash(reply) for reply in replies]
-    stats: dict[tuple[str, str], VersionStats] = {}
+    # every ready version shows from the start, at 0, as Triton registers a version's series
+    # when it loads it
+    stats: dict[tuple[str, str], VersionStats] = {
+        (name, str(version)): VersionStats()
+        for name, view in table.models.items()
+        for version in view.ready_versions
+    }
     for name, raw in zip(names, raws, strict=True):
         for version, s in parse_stats(raw).items():
             stats[(name, str(version))] = s

@@ -21,7 +21,7 @@ from shared import keys
 from shared.device_metrics import INFO_KEY
 from shared.model_config import load_model_config
 from shared.redis_client import async_client
-from shared.registry import Member, encode_model_record, now_ms
+from shared.registry import Member, ModelStatus, encode_model_record, now_ms
 from shared.stats import BatchStats, failure_increments
 from tests.streams import PLUS_ONE_MODEL, int_model_config, write_python_model
 from workers.publisher import Publisher
@@ -51,10 +51,12 @@ async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
 
 async def _scrape(redis: aioredis.Redis, tmp_path: Path) -> str:
     """Three requests of model m answered in one batch, one failed, a big request duration,
-    two in flight on this gateway, a worker with a GPU; then one scrape."""
+    two in flight on this gateway, a worker with a GPU serving m and an idle model; then one
+    scrape."""
     repo = write_python_model(tmp_path, "m", int_model_config("m"), PLUS_ONE_MODEL)
     config = load_model_config(repo / "m").config_json
     await redis.hset(keys.MODELS, "m", encode_model_record(config, [1], None))
+    await redis.hset(keys.MODELS, "idle", encode_model_record(config, [1], None))
     stats = BatchStats(1, 3, now_ms(), requests_ok=3)
     stats.queue_samples_ns = [1_000_000, 2_000_000, 3_000_000]
     stats.request_samples_ns = [BIG * 1000, 0, 0]
@@ -62,7 +64,8 @@ async def _scrape(redis: aioredis.Redis, tmp_path: Path) -> str:
     await publisher.publish([], [], [*stats.increments(), *failure_increments(1, "BACKEND", 1)])
     await publisher.close()
     sample = {"at_ms": now_ms(), "cpu": {}, "gpus": {GPU: {"nv_gpu_memory_total_bytes": BIG}}}
-    worker = Member("w1", "worker", "h", 1, now_ms(), info={INFO_KEY: sample})
+    ready = {"m": ModelStatus([1]), "idle": ModelStatus([1])}
+    worker = Member("w1", "worker", "h", 1, now_ms(), ready, info={INFO_KEY: sample})
     await redis.hset(keys.FLEET, "w1", worker.encode())
     table = ModelTable(redis, "gw-test", lambda: {"m:1": 2})
     await table.refresh()
@@ -89,6 +92,9 @@ async def test_nv_families_have_triton_names_types_and_labels(
     assert 'nv_inference_request_failure{model="m",reason="BACKEND",version="1"} 1' in lines
     assert 'nv_inference_request_failure{model="m",reason="REJECTED",version="1"} 0' in lines
     assert 'nv_inference_pending_request_count{model="m",version="1"} 2' in lines
+    # a loaded version that served nothing yet shows at 0, as in Triton
+    for name in (*NV_COUNTERS[:1], *NV_COUNTERS[2:], "nv_inference_pending_request_count"):
+        assert f'{name}{{model="idle",version="1"}} 0' in lines, name
     # Triton's names only: no suffix, no _created, no exponent anywhere in the nv_* lines
     nv_lines = [line for line in lines if line.startswith("nv_")]
     assert not [line for line in nv_lines if re.match(r"nv_\w+_(total|created)\b", line)]
@@ -105,9 +111,14 @@ async def test_exposition_parses_as_prometheus_and_as_perf_analyzer_reads_it(
     for name in NV_COUNTERS:
         assert families[name].type == "counter", name
     success = families["nv_inference_request_success"].samples
-    assert [(s.labels, s.value) for s in success] == [({"model": "m", "version": "1"}, 3.0)]
-    duration = families["nv_inference_request_duration_us"].samples[0].value
-    assert duration == BIG
+    assert [(s.labels, s.value) for s in success] == [
+        ({"model": "idle", "version": "1"}, 0.0),
+        ({"model": "m", "version": "1"}, 3.0),
+    ]
+    durations = {
+        s.labels["model"]: s.value for s in families["nv_inference_request_duration_us"].samples
+    }
+    assert durations == {"idle": 0, "m": BIG}
     assert families["nv_gpu_memory_total_bytes"].type == "gauge"
     # perf_analyzer --collect-metrics: ParseAndStoreMetric's regex, value read as a number
     pattern = r'\nnv_gpu_memory_total_bytes\{gpu_uuid="([^"]+)"\} (\d+\.?\d*)'
