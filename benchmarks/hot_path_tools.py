@@ -18,8 +18,8 @@ import orjson
 import redis
 import uvloop
 from redis._parsers import _HiredisParser, _RESP2Parser
+from sluice.shared.protocol import Result, Tensor, encode_results
 
-from shared.protocol import Result, Tensor, encode_results
 from sluice.embedded_redis import EmbeddedRedis
 
 REQUEST = {

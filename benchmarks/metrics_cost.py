@@ -14,9 +14,9 @@ import argparse
 import time
 
 import redis
+from sluice.shared import keys
+from sluice.shared.stats import FINISH_BATCH_LUA, BatchStats, stats_record
 
-from shared import keys
-from shared.stats import FINISH_BATCH_LUA, BatchStats, stats_record
 from sluice.embedded_redis import EmbeddedRedis
 
 CALLS = 5000

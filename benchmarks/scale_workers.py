@@ -43,9 +43,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from compare_triton import EXAMPLES, model_bound  # noqa: E402
+from sluice.shared import keys  # noqa: E402
+from sluice.shared.registry import Member  # noqa: E402
 
-from shared import keys  # noqa: E402
-from shared.registry import Member  # noqa: E402
 from sluice.bench.loadgen import run_bench  # noqa: E402
 from sluice.bench.settings import BenchSettings, Target  # noqa: E402
 from sluice.embedded_redis import EmbeddedRedis, die_with_parent  # noqa: E402

@@ -16,16 +16,15 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 import orjson
-
-from gateway import metadata
-from gateway.bulk_api import BulkApi
-from gateway.dispatcher import Dispatcher, Route
-from gateway.http_server import HttpRequest, HttpResponse
-from gateway.jobs import MAX_WAIT_S, Job, JobStore, new_job_id
-from gateway.model_table import ModelTable, ModelView
-from gateway.outage import RETRY_AFTER_S
-from shared import keys
-from shared.errors import (
+from sluice.gateway import metadata
+from sluice.gateway.bulk_api import BulkApi
+from sluice.gateway.dispatcher import Dispatcher, Route
+from sluice.gateway.http_server import HttpRequest, HttpResponse
+from sluice.gateway.jobs import MAX_WAIT_S, Job, JobStore, new_job_id
+from sluice.gateway.model_table import ModelTable, ModelView
+from sluice.gateway.outage import RETRY_AFTER_S
+from sluice.shared import keys
+from sluice.shared.errors import (
     InvalidInput,
     JobNotFound,
     ModelNotReady,
@@ -35,18 +34,18 @@ from shared.errors import (
     Unavailable,
     error_from_code,
 )
-from shared.fleet import fleet_status
-from shared.infer_codec import (
+from sluice.shared.fleet import fleet_status
+from sluice.shared.infer_codec import (
     HEADER_LENGTH,
     ParsedInfer,
     decompress,
     encode_response,
     parse_infer,
 )
-from shared.protocol import Request, Result, job_event
-from shared.queue_policy import DEADLINE, PRIORITY, TIMEOUT, deadline_us
-from shared.redis_client import REDIS_ERRORS
-from shared.signature import validate_inputs
+from sluice.shared.protocol import Request, Result, job_event
+from sluice.shared.queue_policy import DEADLINE, PRIORITY, TIMEOUT, deadline_us
+from sluice.shared.redis_client import REDIS_ERRORS
+from sluice.shared.signature import validate_inputs
 
 log = logging.getLogger(__name__)
 

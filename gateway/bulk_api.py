@@ -17,12 +17,11 @@ from urllib.parse import parse_qsl
 
 import orjson
 import redis
-
-from gateway.http_server import HttpResponse
-from shared import bulk
-from shared.bulk_files import FORMATS
-from shared.errors import InvalidInput, JobNotFound, Unavailable
-from shared.redis_client import REDIS_ERRORS, sync_client
+from sluice.gateway.http_server import HttpResponse
+from sluice.shared import bulk
+from sluice.shared.bulk_files import FORMATS
+from sluice.shared.errors import InvalidInput, JobNotFound, Unavailable
+from sluice.shared.redis_client import REDIS_ERRORS, sync_client
 
 T = TypeVar("T")
 JSON = (b"content-type", b"application/json")

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from gateway.triton_exposition import Family, Value
-from shared import device_metrics as dm
-from shared.registry import Member
+from sluice.gateway.triton_exposition import Family, Value
+from sluice.shared import device_metrics as dm
+from sluice.shared.registry import Member
 
 
 def _numbers(sample: Any) -> Iterator[tuple[str, Value]]:

@@ -21,16 +21,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
-
-from gateway.outage import RETRY_AFTER_S, HeldRequests, OutagePolicy
-from shared import keys
-from shared.admission import ENQUEUE_LUA
-from shared.errors import Cancelled, Unavailable
-from shared.idle_poll import DEFAULT_WINDOW_US, IdlePoll
-from shared.lua import Lua
-from shared.protocol import ProtocolError, Request, Result, decode_results, encode_requests
-from shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS, server_info
-from shared.redis_wire import Command, Wire, stream_entries, xadd
+from sluice.gateway.outage import RETRY_AFTER_S, HeldRequests, OutagePolicy
+from sluice.shared import keys
+from sluice.shared.admission import ENQUEUE_LUA
+from sluice.shared.errors import Cancelled, Unavailable
+from sluice.shared.idle_poll import DEFAULT_WINDOW_US, IdlePoll
+from sluice.shared.lua import Lua
+from sluice.shared.protocol import ProtocolError, Request, Result, decode_results, encode_requests
+from sluice.shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS, server_info
+from sluice.shared.redis_wire import Command, Wire, stream_entries, xadd
 
 log = logging.getLogger(__name__)
 

@@ -14,14 +14,13 @@ from typing import Any
 
 import msgpack
 import redis.asyncio as aioredis
-
-from gateway.dispatcher import Route
-from gateway.outage import RETRY_AFTER_S
-from shared import keys
-from shared.admission import enqueue_command, queue_full
-from shared.errors import InvalidInput, Unavailable
-from shared.jobs import CANCEL_LUA, CREATE_LUA, JOB_ID
-from shared.protocol import (
+from sluice.gateway.dispatcher import Route
+from sluice.gateway.outage import RETRY_AFTER_S
+from sluice.shared import keys
+from sluice.shared.admission import enqueue_command, queue_full
+from sluice.shared.errors import InvalidInput, Unavailable
+from sluice.shared.jobs import CANCEL_LUA, CREATE_LUA, JOB_ID
+from sluice.shared.protocol import (
     Request,
     Result,
     decode_results,
@@ -29,7 +28,7 @@ from shared.protocol import (
     encode_results,
     job_event,
 )
-from shared.redis_client import REDIS_ERRORS
+from sluice.shared.redis_client import REDIS_ERRORS
 
 MAX_WAIT_S = 60.0
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import redis.asyncio as aioredis
-
-from gateway.model_table import ModelView
-from shared.stats import (
+from sluice.gateway.model_table import ModelView
+from sluice.shared.stats import (
     VersionStats,
     parse_stats,
     read_stats_command,

@@ -20,13 +20,12 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
-
-from gateway.device_families import device_families
-from gateway.http_server import HttpRequest, HttpResponse
-from gateway.model_table import ModelTable
-from gateway.triton_exposition import Family, write
-from shared import keys
-from shared.stats import (
+from sluice.gateway.device_families import device_families
+from sluice.gateway.http_server import HttpRequest, HttpResponse
+from sluice.gateway.model_table import ModelTable
+from sluice.gateway.triton_exposition import Family, write
+from sluice.shared import keys
+from sluice.shared.stats import (
     DEAD_LETTERED,
     FAILURE_REASONS,
     RECLAIMED,

@@ -17,19 +17,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
-
-from shared import keys
-from shared.errors import ModelNotFound, ModelNotReady
-from shared.queue_policy import QueuePolicy
-from shared.redis_client import REDIS_ERRORS
-from shared.registry import (
+from sluice.shared import keys
+from sluice.shared.errors import ModelNotFound, ModelNotReady
+from sluice.shared.queue_policy import QueuePolicy
+from sluice.shared.redis_client import REDIS_ERRORS
+from sluice.shared.registry import (
     HEARTBEAT_INTERVAL_S,
     Member,
     decode_model_record,
     live_members,
     now_ms,
 )
-from shared.signature import Signature
+from sluice.shared.signature import Signature
 
 log = logging.getLogger(__name__)
 

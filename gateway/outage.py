@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from shared.protocol import Request
+from sluice.shared.protocol import Request
 
 #: what a 503 caused by a Redis outage tells clients to wait before they retry.
 RETRY_AFTER_S = 2

@@ -11,20 +11,20 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gateway.app import GatewayApp, GatewayLimits
-from gateway.bulk_api import BulkApi
-from gateway.dispatcher import Dispatcher
-from gateway.http_server import HttpServer
-from gateway.jobs import JobStore
-from gateway.metrics import MetricsApp
-from gateway.model_table import ModelTable
-from gateway.outage import OutagePolicy
-from shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DrainDeadline, on_stop_signals
-from shared.errors import Unavailable
-from shared.gc_tuning import settle_after_startup
-from shared.idle_poll import DEFAULT_WINDOW_US
-from shared.redis_client import REDIS_ERRORS, async_client
-from shared.tasks import stop_tasks
+from sluice.gateway.app import GatewayApp, GatewayLimits
+from sluice.gateway.bulk_api import BulkApi
+from sluice.gateway.dispatcher import Dispatcher
+from sluice.gateway.http_server import HttpServer
+from sluice.gateway.jobs import JobStore
+from sluice.gateway.metrics import MetricsApp
+from sluice.gateway.model_table import ModelTable
+from sluice.gateway.outage import OutagePolicy
+from sluice.shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DrainDeadline, on_stop_signals
+from sluice.shared.errors import Unavailable
+from sluice.shared.gc_tuning import settle_after_startup
+from sluice.shared.idle_poll import DEFAULT_WINDOW_US
+from sluice.shared.redis_client import REDIS_ERRORS, async_client
+from sluice.shared.tasks import stop_tasks
 
 log = logging.getLogger(__name__)
 

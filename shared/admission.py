@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from shared import keys
-from shared.lua import Lua
+from sluice.shared import keys
+from sluice.shared.lua import Lua
 
 #: admit each request while its priority level's queue has room; report which were admitted.
 #: KEYS: the level's request stream, the model's queue-size hash. ARGV: level, limit, then

@@ -20,18 +20,23 @@ from rq import Queue, Retry
 from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
-
-from shared import keys
-from shared.bulk_files import check_output_shapes, read_items
-from shared.errors import InvalidInput, JobNotFound, ModelNotFound, ModelNotReady, Unavailable
-from shared.jobs import JOB_ID
-from shared.queue_policy import QueuePolicy
-from shared.redis_client import is_cluster
-from shared.registry import decode_model_record
-from shared.signature import Signature
+from sluice.shared import keys
+from sluice.shared.bulk_files import check_output_shapes, read_items
+from sluice.shared.errors import (
+    InvalidInput,
+    JobNotFound,
+    ModelNotFound,
+    ModelNotReady,
+    Unavailable,
+)
+from sluice.shared.jobs import JOB_ID
+from sluice.shared.queue_policy import QueuePolicy
+from sluice.shared.redis_client import is_cluster
+from sluice.shared.registry import decode_model_record
+from sluice.shared.signature import Signature
 
 #: the rq job function (a string, so that nothing here imports the workers package).
-RUN_BULK = "workers.bulk.run_bulk"
+RUN_BULK = "sluice.workers.bulk.run_bulk"
 #: requests in flight per bulk job, unless the model's max_queue_size asks for fewer.
 DEFAULT_WINDOW = 512
 #: how often rq runs a bulk job again after its rq worker died.

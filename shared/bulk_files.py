@@ -15,17 +15,16 @@ from typing import Any
 
 import numpy as np
 import orjson
-
-from shared.datatypes import (
+from sluice.shared.datatypes import (
     NUMPY_DTYPE,
     deserialize_bytes_elements,
     serialize_bytes_elements,
     wire_from_numpy,
 )
-from shared.errors import InvalidInput, error_from_code
-from shared.infer_codec import ParsedInfer, encode_response, parse_infer
-from shared.protocol import Result, Tensor
-from shared.signature import Signature, validate_inputs
+from sluice.shared.errors import InvalidInput, error_from_code
+from sluice.shared.infer_codec import ParsedInfer, encode_response, parse_infer
+from sluice.shared.protocol import Result, Tensor
+from sluice.shared.signature import Signature, validate_inputs
 
 FORMATS = ("npz", "npy", "jsonl")
 STATUS_ARRAY = "__status__"

@@ -12,11 +12,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from redis.exceptions import ResponseError
-
-from shared import keys
-from shared.queue_policy import QueuePolicy
-from shared.redis_client import AsyncClient
-from shared.registry import Member, decode_model_record, live_members, now_ms
+from sluice.shared import keys
+from sluice.shared.queue_policy import QueuePolicy
+from sluice.shared.redis_client import AsyncClient
+from sluice.shared.registry import Member, decode_model_record, live_members, now_ms
 
 
 def _text(value: bytes | str) -> str:

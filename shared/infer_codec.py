@@ -13,17 +13,16 @@ from typing import Any
 
 import numpy as np
 import orjson
-
-from shared.datatypes import (
+from sluice.shared.datatypes import (
     ELEMENT_SIZE,
     NUMPY_DTYPE,
     deserialize_bytes_elements,
     element_count,
     serialize_bytes_elements,
 )
-from shared.errors import InvalidInput, PayloadTooLarge
-from shared.protocol import Tensor
-from shared.signature import Signature
+from sluice.shared.errors import InvalidInput, PayloadTooLarge
+from sluice.shared.protocol import Tensor
+from sluice.shared.signature import Signature
 
 HEADER_LENGTH = "inference-header-content-length"
 

@@ -14,6 +14,8 @@ from typing import Any
 
 from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from sluice.shared.datatypes import config_to_wire
+from sluice.shared.errors import ModelConfigError
 from tritonclient.grpc.model_config_pb2 import (
     DataType,
     ModelConfig,
@@ -21,9 +23,6 @@ from tritonclient.grpc.model_config_pb2 import (
     ModelInstanceGroup,
     ModelOutput,
 )
-
-from shared.datatypes import config_to_wire
-from shared.errors import ModelConfigError
 
 CONFIG_FILENAME = "config.pbtxt"
 

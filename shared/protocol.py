@@ -20,8 +20,7 @@ from typing import Any
 
 import msgpack
 import orjson
-
-from shared.datatypes import ELEMENT_SIZE, element_count
+from sluice.shared.datatypes import ELEMENT_SIZE, element_count
 
 SCHEMA = 1
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.errors import InvalidInput
+from sluice.shared.errors import InvalidInput
 
 #: request parameters this module reads.
 PRIORITY = "priority"

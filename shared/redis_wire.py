@@ -31,8 +31,7 @@ from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ReadOnlyError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-
-from shared.redis_client import is_cluster
+from sluice.shared.redis_client import is_cluster
 
 Command = Sequence[Any]
 

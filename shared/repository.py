@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.errors import ModelConfigError
-from shared.model_config import CONFIG_FILENAME, ModelSpec, load_model_config
+from sluice.shared.errors import ModelConfigError
+from sluice.shared.model_config import CONFIG_FILENAME, ModelSpec, load_model_config
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shared.datatypes import ELEMENT_SIZE, config_to_wire, element_count
-from shared.errors import InvalidInput
-from shared.protocol import Tensor
+from sluice.shared.datatypes import ELEMENT_SIZE, config_to_wire, element_count
+from sluice.shared.errors import InvalidInput
+from sluice.shared.protocol import Tensor
 
 
 @dataclass(frozen=True, slots=True)

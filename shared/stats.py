@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
-
-from shared import keys
-from shared.lua import Lua
+from sluice.shared import keys
+from sluice.shared.lua import Lua
 
 #: records a worker's script lets pile up on a statistics log before folding them in.
 FOLD_AT = 16

@@ -10,12 +10,12 @@ from typing import Any
 
 import click
 
-from gateway.app import GatewayLimits
-from gateway.outage import OutagePolicy
-from gateway.server import GatewayConfig
-from shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DRAIN_TIMEOUT_HELP
-from shared.idle_poll import DEFAULT_WINDOW_US
+from sluice.gateway.app import GatewayLimits
+from sluice.gateway.outage import OutagePolicy
+from sluice.gateway.server import GatewayConfig
 from sluice.jobs_cli import jobs
+from sluice.shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DRAIN_TIMEOUT_HELP
+from sluice.shared.idle_poll import DEFAULT_WINDOW_US
 from sluice.status_cli import status
 
 F = Callable[..., Any]
@@ -175,7 +175,7 @@ def _gateway_config(
 
 
 @click.group()
-@click.version_option(package_name="sluice")
+@click.version_option(package_name="sluice-serve")
 def main() -> None:
     """sluice: Triton-compatible dynamic batching over Redis streams."""
 
@@ -309,8 +309,8 @@ def gateway(
     """Run one stateless gateway (HTTP API + metrics) against a shared Redis."""
     import uvloop
 
-    from gateway.server import serve_gateway
     from sluice import preflight
+    from sluice.gateway.server import serve_gateway
 
     preflight.check_ports(host, {"--http-port": http_port, "--metrics-port": metrics_port})
     preflight.check_redis_url(redis_url)
@@ -377,8 +377,8 @@ def worker(
 ) -> None:
     """Run one worker process serving the repository's models."""
     from sluice import preflight
-    from workers.recovery import RecoveryPolicy
-    from workers.worker import WorkerConfig, run_worker
+    from sluice.workers.recovery import RecoveryPolicy
+    from sluice.workers.worker import WorkerConfig, run_worker
 
     preflight.check_repository(model_repository)
     preflight.check_ports(host, {"--health-port": health_port})

@@ -10,7 +10,8 @@ from typing import Any
 import click
 import redis
 
-from shared.bulk import (
+from sluice.runtime_file import redis_url_or_local
+from sluice.shared.bulk import (
     DEFAULT_TTL_S,
     DEFAULT_WINDOW,
     BulkStatus,
@@ -21,11 +22,10 @@ from shared.bulk import (
     list_bulks,
     submit_bulk,
 )
-from shared.bulk_files import format_of
-from shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DRAIN_TIMEOUT_HELP, DrainDeadline
-from shared.errors import SluiceError
-from shared.redis_client import REDIS_ERRORS, sync_client
-from sluice.runtime_file import redis_url_or_local
+from sluice.shared.bulk_files import format_of
+from sluice.shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DRAIN_TIMEOUT_HELP, DrainDeadline
+from sluice.shared.errors import SluiceError
+from sluice.shared.redis_client import REDIS_ERRORS, sync_client
 
 POLL_S = 0.5
 BAR_WIDTH = 30
@@ -230,7 +230,7 @@ def result(redis_url: str | None, bulk_id: str, output: Path, wait: bool) -> Non
 )
 def worker(redis_url: str | None, burst: bool, log_level: str, drain_timeout: float) -> None:
     """Run an rq worker for bulk jobs (any number, on any host that reaches the Redis)."""
-    from workers.bulk import MAINTENANCE_S, BulkWorker, QuietMaintenance
+    from sluice.workers.bulk import MAINTENANCE_S, BulkWorker, QuietMaintenance
 
     logging.basicConfig(
         level=log_level.upper(),

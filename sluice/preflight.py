@@ -15,8 +15,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import click
 
-from shared.model_config import CONFIG_FILENAME
-from shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS, SENTINEL_SCHEME, sync_client
+from sluice.shared.model_config import CONFIG_FILENAME
+from sluice.shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS, SENTINEL_SCHEME, sync_client
 
 #: the exit status of a start-up mistake (click's usage errors use it too).
 STARTUP_ERROR_STATUS = 2

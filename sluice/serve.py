@@ -21,11 +21,11 @@ from pathlib import Path
 
 import uvloop
 
-from gateway.server import GatewayConfig, serve_gateway
-from shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DrainDeadline, on_stop_signals
-from shared.redis_client import split_cluster_flag
 from sluice import runtime_file
 from sluice.embedded_redis import EmbeddedRedis, die_with_parent
+from sluice.gateway.server import GatewayConfig, serve_gateway
+from sluice.shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DrainDeadline, on_stop_signals
+from sluice.shared.redis_client import split_cluster_flag
 
 log = logging.getLogger("sluice.serve")
 

@@ -12,9 +12,9 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from shared.fleet import fleet_status
-from shared.redis_client import REDIS_ERRORS, async_client
 from sluice.runtime_file import redis_url_or_local
+from sluice.shared.fleet import fleet_status
+from sluice.shared.redis_client import REDIS_ERRORS, async_client
 
 REFRESH_S = 1.0
 NONE = "-"

@@ -19,10 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import orjson
-
-from shared import keys
-from shared.redis_client import sync_client
-from shared.registry import live_members, now_ms
+from sluice.shared import keys
+from sluice.shared.redis_client import sync_client
+from sluice.shared.registry import live_members, now_ms
 
 MODEL = "affine"
 Fault = tuple[float, str, Callable[[], None]]

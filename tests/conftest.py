@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from sluice.shared.redis_client import sync_client
 
-from shared.redis_client import sync_client
 from sluice.embedded_redis import EmbeddedRedis
 from tests.redis_cluster import EmbeddedCluster
 

@@ -6,13 +6,12 @@ from typing import Any
 
 import numpy as np
 import orjson
-
-from shared.datatypes import (
+from sluice.shared.datatypes import (
     NUMPY_DTYPE,
     wire_to_config,
 )
-from shared.protocol import Tensor
-from shared.signature import Signature
+from sluice.shared.protocol import Tensor
+from sluice.shared.signature import Signature
 
 
 def signature(

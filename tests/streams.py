@@ -13,9 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import redis
-
-from shared import keys
-from shared.protocol import Request, Tensor, decode_results
+from sluice.shared import keys
+from sluice.shared.protocol import Request, Tensor, decode_results
 
 GATED_CONFIG = """
 name: "gated"
@@ -29,7 +28,7 @@ dynamic_batching {{ }}
 GATED_MODEL = textwrap.dedent('''
     import os
 
-    from shared.redis_client import sync_client
+    from sluice.shared.redis_client import sync_client
 
 
     class Model:

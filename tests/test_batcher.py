@@ -8,8 +8,7 @@ from collections.abc import Hashable, Sequence
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from workers.batcher import (
+from sluice.workers.batcher import (
     INLINE_RUN_LIMIT_NS,
     ArrivalGap,
     BatchRules,

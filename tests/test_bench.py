@@ -10,8 +10,8 @@ import numpy as np
 import orjson
 import pytest
 from click.testing import CliRunner
+from sluice.shared.datatypes import deserialize_bytes_elements
 
-from shared.datatypes import deserialize_bytes_elements
 from sluice.bench.http import Connection, ProtocolError, encode_get, parse_head
 from sluice.bench.loadgen import BenchError, BenchResult, LevelResult, bench, error_kind
 from sluice.bench.payload import InputSpec, encode_infer, input_specs, make_array

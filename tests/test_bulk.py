@@ -15,10 +15,9 @@ import numpy as np
 import orjson
 import pytest
 import redis
-
-from shared import keys
-from shared.bulk import bulk_status, cancel_bulk, submit_bulk
-from shared.bulk_files import (
+from sluice.shared import keys
+from sluice.shared.bulk import bulk_status, cancel_bulk, submit_bulk
+from sluice.shared.bulk_files import (
     ERROR_ARRAY,
     STATUS_ARRAY,
     check_output_shapes,
@@ -26,12 +25,13 @@ from shared.bulk_files import (
     read_items,
     write_output,
 )
-from shared.errors import InvalidInput
-from shared.protocol import Result, Tensor
-from shared.redis_client import sync_client
-from shared.registry import encode_model_record
-from shared.signature import Signature
-from shared.stats import read_stats_command, stats_hash
+from sluice.shared.errors import InvalidInput
+from sluice.shared.protocol import Result, Tensor
+from sluice.shared.redis_client import sync_client
+from sluice.shared.registry import encode_model_record
+from sluice.shared.signature import Signature
+from sluice.shared.stats import read_stats_command, stats_hash
+
 from tests.conftest import (
     Service,
     needs_single_redis,
@@ -358,7 +358,7 @@ def test_a_bulk_job_resumes_after_its_rq_worker_is_killed(redis_url: str, model_
 
 
 def test_a_bulk_lease_has_one_holder_at_a_time(redis_url: str) -> None:
-    from workers.bulk import HOLD_LUA, LEASE_MS, RELEASE_LUA
+    from sluice.workers.bulk import HOLD_LUA, LEASE_MS, RELEASE_LUA
 
     client = sync_client(redis_url)
     hold, release = client.register_script(HOLD_LUA), client.register_script(RELEASE_LUA)

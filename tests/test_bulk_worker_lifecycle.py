@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import redis
+from sluice.shared.bulk import bulk_status, submit_bulk
+from sluice.shared.drain_deadline import CUT_SHORT_STATUS
 
-from shared.bulk import bulk_status, submit_bulk
-from shared.drain_deadline import CUT_SHORT_STATUS
 from tests.conftest import start_sluice, wait_until
 from tests.process_tree import alive
 from tests.streams import int_model_config, write_python_model

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sluice.shared.redis_client import sync_client
 
-from shared.redis_client import sync_client
 from sluice.embedded_redis import EmbeddedRedis
 from tests.chaos import Figures, kill_a_worker, run_chaos
 from tests.conftest import free_port, needs_single_redis, start_service, stop_service

@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+from sluice.shared import keys
+from sluice.shared.protocol import encode_requests
+from sluice.shared.redis_client import sync_client
 from tritonclient.utils import InferenceServerException
 
-from shared import keys
-from shared.protocol import encode_requests
-from shared.redis_client import sync_client
 from tests.conftest import start_service, stop_service
 from tests.streams import (
     collect_results,

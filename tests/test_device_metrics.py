@@ -14,21 +14,21 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
-
-from gateway.device_families import device_families
-from gateway.triton_exposition import write
-from shared import keys
-from shared.device_metrics import INFO_KEY
-from shared.redis_client import sync_client
-from shared.registry import Member
-from tests.conftest import start_service, stop_service, wait_until
-from workers.device_sampler import (
+from sluice.gateway.device_families import device_families
+from sluice.gateway.triton_exposition import write
+from sluice.shared import keys
+from sluice.shared.device_metrics import INFO_KEY
+from sluice.shared.redis_client import sync_client
+from sluice.shared.registry import Member
+from sluice.workers.device_sampler import (
     FAIL_THRESHOLD,
     CpuSampler,
     DeviceSampler,
     GpuSampler,
     open_nvml,
 )
+
+from tests.conftest import start_service, stop_service, wait_until
 
 GPU_A = "GPU-00000000-1111-2222-3333-444444444444"
 GPU_B = "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"

@@ -7,12 +7,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
-
-from gateway.dispatcher import Dispatcher, Route
-from shared import keys
-from shared.errors import Cancelled, Unavailable
-from shared.protocol import Request, Result, Tensor, decode_requests, encode_results
-from shared.redis_client import async_client
+from sluice.gateway.dispatcher import Dispatcher, Route
+from sluice.shared import keys
+from sluice.shared.errors import Cancelled, Unavailable
+from sluice.shared.protocol import Request, Result, Tensor, decode_requests, encode_results
+from sluice.shared.redis_client import async_client
 
 
 @pytest.fixture

@@ -7,8 +7,7 @@ import threading
 from typing import NoReturn
 
 import pytest
-
-from shared.drain_deadline import CUT_SHORT_STATUS, DrainDeadline
+from sluice.shared.drain_deadline import CUT_SHORT_STATUS, DrainDeadline
 
 
 class Exited(Exception):

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sluice.shared import keys
+from sluice.shared.fleet import fleet_status
+from sluice.shared.redis_client import async_client, sync_client
+from sluice.shared.registry import Member, encode_model_record, now_ms
 
-from shared import keys
-from shared.fleet import fleet_status
-from shared.redis_client import async_client, sync_client
-from shared.registry import Member, encode_model_record, now_ms
 from tests.conftest import Service, start_sluice, stop_service, wait_until
 
 DEADLINE_S = 15.0

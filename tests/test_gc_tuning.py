@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 SETTLE = """
 import gc
-from shared.gc_tuning import YOUNG_OBJECTS, settle_after_startup
+from sluice.shared.gc_tuning import YOUNG_OBJECTS, settle_after_startup
 kept = [{} for _ in range(1000)]
 before = gc.get_threshold()
 settle_after_startup()

@@ -5,9 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
-from gateway import http_server
-from gateway.http_server import HttpRequest, HttpResponse, HttpServer
+from sluice.gateway import http_server
+from sluice.gateway.http_server import HttpRequest, HttpResponse, HttpServer
 
 
 async def _echo(request: HttpRequest) -> HttpResponse:

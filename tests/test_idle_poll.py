@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from shared.idle_poll import IdlePoll
+from sluice.shared.idle_poll import IdlePoll
 
 
 class TurnClock:

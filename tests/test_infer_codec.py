@@ -7,15 +7,15 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from tritonclient.http import _utils as triton_utils
-
-from shared.datatypes import (
+from sluice.shared.datatypes import (
     ELEMENT_SIZE,
     NUMPY_DTYPE,
     deserialize_bytes_elements,
     serialize_bytes_elements,
 )
-from shared.infer_codec import parse_infer
+from sluice.shared.infer_codec import parse_infer
+from tritonclient.http import _utils as triton_utils
+
 from tests.infer_bodies import (
     SIG,
     binary_body,

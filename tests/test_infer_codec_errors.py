@@ -6,11 +6,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from sluice.shared.datatypes import serialize_bytes_elements
+from sluice.shared.errors import InvalidInput
+from sluice.shared.infer_codec import parse_infer
+from sluice.shared.signature import Signature
 
-from shared.datatypes import serialize_bytes_elements
-from shared.errors import InvalidInput
-from shared.infer_codec import parse_infer
-from shared.signature import Signature
 from tests.infer_bodies import (
     FOUR,
     SIG,

@@ -9,11 +9,11 @@ import numpy as np
 import orjson
 import pytest
 import tritonclient.http as httpclient
+from sluice.shared.datatypes import serialize_bytes_elements
+from sluice.shared.errors import InvalidInput
+from sluice.shared.infer_codec import ParsedInfer, decompress, encode_response, parse_infer
+from sluice.shared.protocol import Tensor
 
-from shared.datatypes import serialize_bytes_elements
-from shared.errors import InvalidInput
-from shared.infer_codec import ParsedInfer, decompress, encode_response, parse_infer
-from shared.protocol import Tensor
 from tests.infer_bodies import (
     FOUR,
     SIG,

@@ -9,9 +9,9 @@ import tracemalloc
 import zlib
 
 import pytest
+from sluice.shared.errors import InvalidInput, PayloadTooLarge
+from sluice.shared.infer_codec import decompress
 
-from shared.errors import InvalidInput, PayloadTooLarge
-from shared.infer_codec import decompress
 from tests.conftest import Service
 
 MIB = 1 << 20

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from sluice.shared.model_config import load_model_config
+from sluice.workers.instances import Instances
 
-from shared.model_config import load_model_config
 from tests.streams import int_model_config, int_request
-from workers.instances import Instances
 
 CONFIG = int_model_config("gate")
 

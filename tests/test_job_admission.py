@@ -12,19 +12,19 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 import redis.asyncio as aioredis
+from sluice.gateway.dispatcher import Dispatcher, Route
+from sluice.gateway.jobs import JobStore
+from sluice.shared import keys
+from sluice.shared.errors import Unavailable
+from sluice.shared.protocol import Request, Result, Tensor, decode_requests, decode_results
+from sluice.shared.redis_client import async_client
+from sluice.shared.registry import encode_model_record
+from sluice.workers.batcher import Pending
+from sluice.workers.pending import Queued
+from sluice.workers.publisher import Publisher
 
-from gateway.dispatcher import Dispatcher, Route
-from gateway.jobs import JobStore
-from shared import keys
-from shared.errors import Unavailable
-from shared.protocol import Request, Result, Tensor, decode_requests, decode_results
-from shared.redis_client import async_client
-from shared.registry import encode_model_record
 from sluice.client import RedisClient
 from sluice.client.errors import Unavailable as ClientUnavailable
-from workers.batcher import Pending
-from workers.pending import Queued
-from workers.publisher import Publisher
 
 MODEL = "bounded"
 ROUTE = Route(MODEL, level=0, max_queue_size=3)

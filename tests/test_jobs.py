@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 import tritonclient.http as httpclient
+from sluice.shared import keys
+from sluice.shared.redis_client import sync_client
 
-from shared import keys
-from shared.redis_client import sync_client
 from sluice.client import Client, Job
 from tests.conftest import Service
 

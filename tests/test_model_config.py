@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-
-from shared.errors import ModelConfigError
-from shared.model_config import ModelSpec, load_model_config
+from sluice.shared.errors import ModelConfigError
+from sluice.shared.model_config import ModelSpec, load_model_config
 
 IO = """
 input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]

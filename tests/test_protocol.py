@@ -10,9 +10,12 @@ import numpy as np
 import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
-
-from shared.datatypes import NUMPY_DTYPE, deserialize_bytes_elements, serialize_bytes_elements
-from shared.protocol import (
+from sluice.shared.datatypes import (
+    NUMPY_DTYPE,
+    deserialize_bytes_elements,
+    serialize_bytes_elements,
+)
+from sluice.shared.protocol import (
     SCHEMA,
     ProtocolError,
     Request,

@@ -6,11 +6,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
-
-from shared import keys
-from shared.redis_client import async_client
-from shared.stats import FOLD_AT, BatchStats, read_stats_command, stats_hash
-from workers.publisher import STATS_FLUSH_S, Publisher
+from sluice.shared import keys
+from sluice.shared.redis_client import async_client
+from sluice.shared.stats import FOLD_AT, BatchStats, read_stats_command, stats_hash
+from sluice.workers.publisher import STATS_FLUSH_S, Publisher
 
 
 class Clock:

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import redis
 import tritonclient.http as httpclient
+from sluice.shared import keys
 from tritonclient.utils import InferenceServerException
 
-from shared import keys
 from sluice.embedded_redis import EmbeddedRedis
 from tests.conftest import Service, start_service, stop_service
 

@@ -12,17 +12,24 @@ from pathlib import Path
 import orjson
 import pytest
 import redis.asyncio as aioredis
+from sluice.gateway.dispatcher import Dispatcher, Route
+from sluice.gateway.outage import RETRY_AFTER_S, OutagePolicy
+from sluice.shared import keys
+from sluice.shared.errors import Unavailable
+from sluice.shared.protocol import (
+    Request,
+    Result,
+    Tensor,
+    decode_requests,
+    decode_results,
+    encode_results,
+)
+from sluice.shared.redis_client import async_client
+from sluice.workers.pending import Queued
+from sluice.workers.publisher import Publisher
 
-from gateway.dispatcher import Dispatcher, Route
-from gateway.outage import RETRY_AFTER_S, OutagePolicy
-from shared import keys
-from shared.errors import Unavailable
-from shared.protocol import Request, Result, Tensor, decode_requests, decode_results, encode_results
-from shared.redis_client import async_client
 from sluice.embedded_redis import EmbeddedRedis
 from tests.conftest import free_port, needs_single_redis, start_service, stop_service, wait_until
-from workers.pending import Queued
-from workers.publisher import Publisher
 
 pytestmark = needs_single_redis
 

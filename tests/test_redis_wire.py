@@ -16,9 +16,9 @@ from redis.asyncio.connection import Connection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from sluice.shared.redis_client import async_client, is_cluster, sync_client
+from sluice.shared.redis_wire import Wire, pack, stream_entries, xadd
 
-from shared.redis_client import async_client, is_cluster, sync_client
-from shared.redis_wire import Wire, pack, stream_entries, xadd
 from tests.conftest import free_port, wait_until
 
 

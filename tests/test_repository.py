@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from shared.errors import ModelConfigError
-from shared.repository import scan_repository, select_versions
+from sluice.shared.errors import ModelConfigError
+from sluice.shared.repository import scan_repository, select_versions
 
 IO = """
 input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]

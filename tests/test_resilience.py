@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import redis
 import tritonclient.http as httpclient
+from sluice.shared import keys
+from sluice.shared.protocol import decode_requests
 from tritonclient.utils import InferenceServerException
 
-from shared import keys
-from shared.protocol import decode_requests
 from sluice.embedded_redis import EmbeddedRedis
 from tests.conftest import Service, start_sluice, stop_service
 

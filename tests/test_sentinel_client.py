@@ -7,8 +7,8 @@ import signal
 from types import FrameType
 
 import pytest
+from sluice.shared.redis_client import parse_sentinel_url, sync_client
 
-from shared.redis_client import parse_sentinel_url, sync_client
 from tests.conftest import needs_single_redis
 from tests.redis_sentinel import EmbeddedSentinelSet
 

@@ -23,10 +23,10 @@ from pathlib import Path
 import orjson
 import pytest
 import redis
+from sluice.shared import keys
+from sluice.shared.drain_deadline import CUT_SHORT_STATUS
+from sluice.shared.protocol import encode_requests
 
-from shared import keys
-from shared.drain_deadline import CUT_SHORT_STATUS
-from shared.protocol import encode_requests
 from tests.closed_loop_load import ClosedLoopLoad, Outcome
 from tests.conftest import HERE, Service, start_service, start_sluice, stop_service, wait_until
 from tests.process_tree import alive, descendants

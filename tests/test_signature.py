@@ -6,11 +6,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-from shared.datatypes import serialize_bytes_elements
-from shared.errors import InvalidInput
-from shared.protocol import Tensor
-from shared.signature import IOSpec, Signature, validate_inputs
+from sluice.shared.datatypes import serialize_bytes_elements
+from sluice.shared.errors import InvalidInput
+from sluice.shared.protocol import Tensor
+from sluice.shared.signature import IOSpec, Signature, validate_inputs
 
 CONFIG: dict[str, Any] = {
     "name": "m",

@@ -5,9 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
-from shared import tasks
-from shared.tasks import stop_tasks
+from sluice.shared import tasks
+from sluice.shared.tasks import stop_tasks
 
 
 async def test_a_task_that_loses_its_cancellation_is_cancelled_again(

@@ -13,18 +13,18 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 from prometheus_client.parser import text_string_to_metric_families
+from sluice.gateway.metrics import render
+from sluice.gateway.model_table import ModelTable
+from sluice.gateway.triton_exposition import Family, format_value, write
+from sluice.shared import keys
+from sluice.shared.device_metrics import INFO_KEY
+from sluice.shared.model_config import load_model_config
+from sluice.shared.redis_client import async_client
+from sluice.shared.registry import Member, ModelStatus, encode_model_record, now_ms
+from sluice.shared.stats import BatchStats, failure_increments
+from sluice.workers.publisher import Publisher
 
-from gateway.metrics import render
-from gateway.model_table import ModelTable
-from gateway.triton_exposition import Family, format_value, write
-from shared import keys
-from shared.device_metrics import INFO_KEY
-from shared.model_config import load_model_config
-from shared.redis_client import async_client
-from shared.registry import Member, ModelStatus, encode_model_record, now_ms
-from shared.stats import BatchStats, failure_increments
 from tests.streams import PLUS_ONE_MODEL, int_model_config, write_python_model
-from workers.publisher import Publisher
 
 #: 80 GiB: prometheus_client would print it as 8.589934592e+10.
 BIG = 85_899_345_920

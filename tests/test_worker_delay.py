@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import redis
+from sluice.shared import keys
+from sluice.shared.protocol import encode_requests
 
-from shared import keys
-from shared.protocol import encode_requests
 from tests.streams import PLUS_ONE_MODEL, collect_results, int_request, serving_python_model
 
 #: ten minutes: a request that waited it out would outlast the test.

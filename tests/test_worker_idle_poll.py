@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import redis
+from sluice.shared import keys
+from sluice.shared.protocol import encode_requests
 
-from shared import keys
-from shared.protocol import encode_requests
 from tests.conftest import wait_until
 from tests.streams import (
     PLUS_ONE_MODEL,

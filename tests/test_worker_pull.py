@@ -6,9 +6,9 @@ import contextlib
 from pathlib import Path
 
 import redis
+from sluice.shared import keys
+from sluice.shared.protocol import encode_requests
 
-from shared import keys
-from shared.protocol import encode_requests
 from tests.conftest import wait_until
 from tests.streams import (
     collect_results,

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
+from sluice.shared import keys
+from sluice.shared.protocol import Request, Result, Tensor, decode_results, encode_requests
 
-from shared import keys
-from shared.protocol import Request, Result, Tensor, decode_results, encode_requests
 from tests.streams import int_request, serving_python_model
 
 CONFIG = """

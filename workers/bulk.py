@@ -25,13 +25,12 @@ from rq import SimpleWorker, get_current_job
 from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
-
-from shared import keys
-from shared.bulk import bulk_queue
-from shared.bulk_files import Item, read_items, write_output
-from shared.drain_deadline import DrainDeadline
-from shared.protocol import Request, decode_results, encode_requests, encode_results
-from shared.signature import Signature
+from sluice.shared import keys
+from sluice.shared.bulk import bulk_queue
+from sluice.shared.bulk_files import Item, read_items, write_output
+from sluice.shared.drain_deadline import DrainDeadline
+from sluice.shared.protocol import Request, decode_results, encode_requests, encode_results
+from sluice.shared.signature import Signature
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-
-from shared import device_metrics as dm
-from shared.registry import now_ms
+from sluice.shared import device_metrics as dm
+from sluice.shared.registry import now_ms
 
 log = logging.getLogger(__name__)
 

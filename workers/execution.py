@@ -12,12 +12,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-
-from shared.datatypes import NUMPY_DTYPE, deserialize_bytes_elements, serialize_bytes_elements
-from shared.errors import ModelExecutionError
-from shared.model_config import ModelSpec
-from shared.protocol import Request, Tensor
-from workers.models import Infer
+from sluice.shared.datatypes import (
+    NUMPY_DTYPE,
+    deserialize_bytes_elements,
+    serialize_bytes_elements,
+)
+from sluice.shared.errors import ModelExecutionError
+from sluice.shared.model_config import ModelSpec
+from sluice.shared.protocol import Request, Tensor
+from sluice.workers.models import Infer
 
 _TORCH_DTYPE_FOR_BF16 = torch.bfloat16
 

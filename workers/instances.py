@@ -22,13 +22,12 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
-
-from shared.errors import ModelExecutionError
-from shared.model_config import ModelSpec
-from shared.protocol import Request, Result
-from shared.stats import BatchStats
-from workers.execution import BatchOutputs, adopt_torch_threads, run_batch
-from workers.models import Infer
+from sluice.shared.errors import ModelExecutionError
+from sluice.shared.model_config import ModelSpec
+from sluice.shared.protocol import Request, Result
+from sluice.shared.stats import BatchStats
+from sluice.workers.execution import BatchOutputs, adopt_torch_threads, run_batch
+from sluice.workers.models import Infer
 
 log = logging.getLogger(__name__)
 

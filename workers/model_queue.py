@@ -24,18 +24,17 @@ from typing import Any
 
 import redis.asyncio as aioredis
 import torch
-
-from shared import keys
-from shared.errors import InvalidInput, SluiceError
-from shared.idle_poll import DEFAULT_WINDOW_US, IdlePoll
-from shared.model_config import ModelSpec
-from shared.protocol import ProtocolError, Request, Result, decode_requests
-from shared.queue_policy import QueuePolicy, deadline_us
-from shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS
-from shared.redis_wire import Wire, stream_entries
-from shared.signature import Signature, validate_inputs
-from shared.stats import BatchStats, failure_increments
-from workers.batcher import (
+from sluice.shared import keys
+from sluice.shared.errors import InvalidInput, SluiceError
+from sluice.shared.idle_poll import DEFAULT_WINDOW_US, IdlePoll
+from sluice.shared.model_config import ModelSpec
+from sluice.shared.protocol import ProtocolError, Request, Result, decode_requests
+from sluice.shared.queue_policy import QueuePolicy, deadline_us
+from sluice.shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS
+from sluice.shared.redis_wire import Wire, stream_entries
+from sluice.shared.signature import Signature, validate_inputs
+from sluice.shared.stats import BatchStats, failure_increments
+from sluice.workers.batcher import (
     INLINE_RUN_LIMIT_NS,
     ArrivalGap,
     BatchRules,
@@ -44,12 +43,12 @@ from workers.batcher import (
     next_batch,
     runs_inline,
 )
-from workers.execution import BatchOutputs
-from workers.instances import Instances
-from workers.models import Infer
-from workers.pending import PendingQueue, Queued
-from workers.publisher import RETRY_DELAYS_S, Publisher
-from workers.recovery import STALE_CONSUMER_PERIODS, Claimed, Recovery, RecoveryPolicy
+from sluice.workers.execution import BatchOutputs
+from sluice.workers.instances import Instances
+from sluice.workers.models import Infer
+from sluice.workers.pending import PendingQueue, Queued
+from sluice.workers.publisher import RETRY_DELAYS_S, Publisher
+from sluice.workers.recovery import STALE_CONSUMER_PERIODS, Claimed, Recovery, RecoveryPolicy
 
 log = logging.getLogger(__name__)
 

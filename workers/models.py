@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from shared.errors import ModelConfigError
-from shared.model_config import ModelSpec
+from sluice.shared.errors import ModelConfigError
+from sluice.shared.model_config import ModelSpec
 
 log = logging.getLogger(__name__)
 

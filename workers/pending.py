@@ -10,9 +10,9 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from shared.errors import SluiceError, Unavailable
-from shared.protocol import Request
-from workers.batcher import Pending
+from sluice.shared.errors import SluiceError, Unavailable
+from sluice.shared.protocol import Request
+from sluice.workers.batcher import Pending
 
 
 @dataclass(slots=True)

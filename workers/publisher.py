@@ -23,14 +23,13 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 
 import redis.asyncio as aioredis
-
-from shared import keys
-from shared.lua import Lua
-from shared.protocol import Result, encode_results, job_event
-from shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS
-from shared.redis_wire import Wire, xadd
-from shared.stats import FINISH_BATCH_LUA, add_increments, stats_record
-from workers.pending import Queued
+from sluice.shared import keys
+from sluice.shared.lua import Lua
+from sluice.shared.protocol import Result, encode_results, job_event
+from sluice.shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS
+from sluice.shared.redis_wire import Wire, xadd
+from sluice.shared.stats import FINISH_BATCH_LUA, add_increments, stats_record
+from sluice.workers.pending import Queued
 
 log = logging.getLogger(__name__)
 

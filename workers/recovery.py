@@ -14,10 +14,9 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
-
-from shared import keys
-from shared.protocol import Request, encode_requests
-from shared.stats import DEAD_LETTERED, RECLAIMED
+from sluice.shared import keys
+from sluice.shared.protocol import Request, encode_requests
+from sluice.shared.stats import DEAD_LETTERED, RECLAIMED
 
 log = logging.getLogger(__name__)
 

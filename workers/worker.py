@@ -14,28 +14,27 @@ from pathlib import Path
 import torch
 import uvloop
 from redis.asyncio.client import Pipeline
-
-from shared import keys
-from shared.device_metrics import INFO_KEY as DEVICE_METRICS
-from shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DrainDeadline, on_stop_signals
-from shared.errors import ModelConfigError
-from shared.gc_tuning import settle_after_startup
-from shared.idle_poll import DEFAULT_WINDOW_US
-from shared.redis_client import REDIS_ERRORS, async_client
-from shared.registry import (
+from sluice.shared import keys
+from sluice.shared.device_metrics import INFO_KEY as DEVICE_METRICS
+from sluice.shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DrainDeadline, on_stop_signals
+from sluice.shared.errors import ModelConfigError
+from sluice.shared.gc_tuning import settle_after_startup
+from sluice.shared.idle_poll import DEFAULT_WINDOW_US
+from sluice.shared.redis_client import REDIS_ERRORS, async_client
+from sluice.shared.registry import (
     HEARTBEAT_INTERVAL_S,
     Member,
     ModelStatus,
     encode_model_record,
     now_ms,
 )
-from shared.repository import ModelEntry, scan_repository
-from shared.tasks import stop_tasks
-from workers.device_sampler import DeviceSampler
-from workers.health import serve_health
-from workers.model_queue import ModelQueue
-from workers.models import Infer, choose_device, load_instance
-from workers.recovery import RecoveryPolicy
+from sluice.shared.repository import ModelEntry, scan_repository
+from sluice.shared.tasks import stop_tasks
+from sluice.workers.device_sampler import DeviceSampler
+from sluice.workers.health import serve_health
+from sluice.workers.model_queue import ModelQueue
+from sluice.workers.models import Infer, choose_device, load_instance
+from sluice.workers.recovery import RecoveryPolicy
 
 log = logging.getLogger(__name__)
 

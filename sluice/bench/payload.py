@@ -13,8 +13,8 @@ from typing import Any, Literal
 import numpy as np
 import orjson
 
-from shared.datatypes import NUMPY_DTYPE, serialize_bytes_elements
 from sluice.bench.http import encode_request
+from sluice.shared.datatypes import NUMPY_DTYPE, serialize_bytes_elements
 
 InputData = Literal["random", "zeros"]
 

@@ -8,7 +8,7 @@ from typing import Any, Literal
 import numpy as np
 import orjson
 
-from shared.datatypes import (
+from sluice.shared.datatypes import (
     NUMPY_DTYPE,
     deserialize_bytes_elements,
     serialize_bytes_elements,

@@ -13,11 +13,11 @@ from typing import Any
 
 import msgpack
 
-from shared import keys
-from shared.admission import enqueue_command, queue_full
-from shared.errors import error_from_code
-from shared.jobs import CANCEL_LUA, CREATE_LUA, JOB_ID
-from shared.protocol import (
+from sluice.shared import keys
+from sluice.shared.admission import enqueue_command, queue_full
+from sluice.shared.errors import error_from_code
+from sluice.shared.jobs import CANCEL_LUA, CREATE_LUA, JOB_ID
+from sluice.shared.protocol import (
     Request,
     Result,
     Tensor,
@@ -26,9 +26,9 @@ from shared.protocol import (
     encode_results,
     job_event,
 )
-from shared.queue_policy import QueuePolicy
-from shared.redis_client import sync_client
-from shared.registry import decode_model_record
+from sluice.shared.queue_policy import QueuePolicy
+from sluice.shared.redis_client import sync_client
+from sluice.shared.registry import decode_model_record
 
 from ._wire import Tensorish, TensorKind, array_of, as_kind, raw_tensor
 from .errors import InvalidRequest, JobNotFound, JobTimeout, Unavailable, error_for_status
