@@ -32,8 +32,7 @@ import random
 import signal
 import sys
 import time
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 from soak_processes import Serve, memory_snapshot  # noqa: E402
 from soak_reference import ModelIO, Pool, model_file, reference_pool  # noqa: E402
 from soak_report import summary  # noqa: E402
+from soak_tally import Chaos, Tally  # noqa: E402
 
 from sluice.embedded_redis import EmbeddedRedis  # noqa: E402
 
@@ -55,31 +55,6 @@ TOLERANCE = 1e-4
 
 
 # ---------------------------------------------------------------------------- requests
-
-
-@dataclass
-class Tally:
-    sent: int = 0
-    ok: int = 0
-    clear: Counter[tuple[int, str]] = field(default_factory=Counter)
-    lost: Counter[str] = field(default_factory=Counter)
-    wrong: Counter[str] = field(default_factory=Counter)
-    answered: set[str] = field(default_factory=set)
-    latencies: list[float] = field(default_factory=list)
-    #: lost requests: (seconds after t0 when sent, id, why).
-    lost_log: list[tuple[float, str, str]] = field(default_factory=list)
-    t0: float = field(default_factory=time.monotonic)
-    last_answer: float = 0.0
-
-    def lose(self, why: str, request_id: str, sent: float) -> None:
-        self.lost[why] += 1
-        self.lost_log.append((sent - self.t0, request_id, why))
-
-    @property
-    def done(self) -> int:
-        return (
-            self.ok + sum(self.clear.values()) + sum(self.lost.values()) + sum(self.wrong.values())
-        )
 
 
 @dataclass
@@ -233,20 +208,6 @@ async def client(load: Load, counter: itertools.count, total: int) -> None:
 
 
 # ---------------------------------------------------------------------------- chaos
-
-
-@dataclass
-class Chaos:
-    kills: int = 0
-    kill_misses: int = 0
-    redis_restarts: int = 0
-    redis_restart_s: float = 0.0
-    #: (seconds after t0, what happened).
-    events: list[tuple[float, str]] = field(default_factory=list)
-    t0: float = field(default_factory=time.monotonic)
-
-    def note(self, what: str) -> None:
-        self.events.append((time.monotonic() - self.t0, what))
 
 
 async def killer(serve: Serve, every_s: float, chaos: Chaos, stop: asyncio.Event) -> None:

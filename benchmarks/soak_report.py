@@ -6,8 +6,9 @@ import argparse
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from soak_tally import Chaos, Tally
+
 if TYPE_CHECKING:
-    from soak import Chaos, Tally
     from soak_processes import Serve
 
 
