@@ -1,12 +1,13 @@
 """Garbage collection settled for long-running sluice processes.
 
-CPython starts a young collection every 700 net container allocations; every tenth also
-walks the middle generation and, now and then, one walks the whole heap, including every
-object the imports left behind (torch, numpy, redis-py). A request allocates dozens of
-containers, so under load the gateway ran ~75 collections a second (~6 % of its CPU) and
-its full collections were the longest pauses behind p99. The request path frees its objects
-by reference counting alone, so once a process has started, what it allocated is frozen
-(never walked again) and the young generation may grow to `YOUNG_OBJECTS` first.
+CPython starts a young collection every 700 net container allocations; every tenth also walks
+the middle generation and, now and then, one walks the whole heap, including every object the
+imports left behind (torch, numpy, redis-py). A request allocates dozens of containers, so
+under load the gateway ran dozens of collections a second and its full collections were the
+longest pauses behind p99 (benchmarks/RESULTS.md, "garbage collection settled"). The request
+path frees its objects by reference counting alone, so once a process has started, what it
+allocated is frozen (never walked again) and the young generation may grow to `YOUNG_OBJECTS`
+first.
 """
 
 from __future__ import annotations

@@ -2,11 +2,11 @@
 
 A lone request hands off six times between processes (client, gateway, Redis, worker, Redis,
 gateway, client). Where an idle CPU halts and waking it is slow (a VM whose guest halt polling
-is off: 50-120 us per wake, from `perf sched`), those wakes are a large part of its latency.
-Keeping the event loop turning for a short while after work keeps this process's CPU awake
-for the next message, as the kernel's guest halt polling and Seastar's idle polling do. Each
-turn yields the CPU, so a task waiting for the same CPU runs first. The owner arms it only
-when nothing else is coming its way (one request in flight at a gateway, a batch run on a
+is off; `perf sched` figures in benchmarks/RESULTS.md), those wakes are a large part of its
+latency. Keeping the event loop turning for a short while after work keeps this process's CPU
+awake for the next message, as the kernel's guest halt polling and Seastar's idle polling do.
+Each turn yields the CPU, so a task waiting for the same CPU runs first. The owner arms it
+only when nothing else is coming its way (one request in flight at a gateway, a batch run on a
 worker's loop), so under load it never turns.
 """
 

@@ -1,19 +1,18 @@
 """Hot-path Redis commands sent on connections of their own, past redis-py's per-call layers.
 
-At one request per round trip, redis-py's work around a command costs more than the command:
-a pool checkout that probes the socket, retry and observability wrappers, argument handling,
-a timer per read, the stream reader and response callbacks. Counted with callgrind on uvloop
-(redis-py 8.1): an XREAD round trip takes 300k instructions through the client and 163k
-straight on a connection, XADD 275k against 164k, a two-command pipeline 442k against 248k.
-A Wire lets redis-py open its connections (connect, auth, TLS, the RESP3 handshake), then
-takes over each one's transport: it writes the RESP that `pack` makes and hiredis parses the
-replies as they arrive, in the transport's callback, straight into the waiting call (an XADD
-round trip: 23-28 µs of CPU against 49-54 µs on redis-py's connection, 2-core VM). Replies
-come as hiredis gives them: XREAD's is a map under RESP3 (`stream_entries` reads both forms)
-and stream fields are flat [name, value, ...] lists, which `shared.protocol` reads too. A
-cluster client has no single connection to send on, so there a Wire goes through the client,
-which routes each command by its key. On a Sentinel-managed client, redis-py's connection asks
-the sentinels for the master when it connects, so a Wire follows a failover by reconnecting.
+At one request per round trip, redis-py's work around a command costs more than the command: a
+pool checkout that probes the socket, retry and observability wrappers, argument handling, a
+timer per read, the stream reader and response callbacks (counted with callgrind:
+benchmarks/RESULTS.md, "hot-path commands on connections of their own"). A Wire lets redis-py
+open its connections (connect, auth, TLS, the RESP3 handshake), then takes over each one's
+transport: it writes the RESP that `pack` makes and hiredis parses the replies as they arrive,
+in the transport's callback, straight into the waiting call, which spares the client CPU of
+redis-py's own read path. Replies come as hiredis gives them: XREAD's is a map under RESP3
+(`stream_entries` reads both forms) and stream fields are flat [name, value, ...] lists, which
+`shared.protocol` reads too. A cluster client has no single connection to send on, so there a
+Wire goes through the client, which routes each command by its key. On a Sentinel-managed
+client, redis-py's connection asks the sentinels for the master when it connects, so a Wire
+follows a failover by reconnecting.
 """
 
 from __future__ import annotations
@@ -42,10 +41,10 @@ _SEPARATE_BYTES = 16_384
 def pack(commands: Sequence[Command]) -> list[bytes | bytearray | memoryview]:
     """RESP for `commands`, as buffers to write in one go.
 
-    redis-py's packer takes 76-115 µs for a publish (the XADD of one result and the finish
-    script with its statistics, 59 arguments) against 26-34 µs here (2-core VM, 3 runs):
-    it was the worker's largest Python cost per batch at c=1. Large blobs (a batch's
-    tensors) are passed along, not copied.
+    redis-py's packer was the worker's largest Python cost per batch at concurrency 1 (a
+    publish is the XADD of one result and the finish script with its statistics, dozens of
+    arguments); this one takes a fraction of its time (benchmarks/RESULTS.md). Large blobs
+    (a batch's tensors) are passed along, not copied.
     """
     buffers: list[bytes | bytearray | memoryview] = []
     parts: list[bytes | bytearray | memoryview] = []

@@ -93,7 +93,8 @@ def runs_inline(
     """Whether to run the next batch on the event loop's own thread rather than the instance's.
 
     Handing a batch to the instance thread and its results back costs two thread wakes, each
-    waiting for the GIL while the loop goes on (~0.2 ms at concurrency 1 on a 2-core VM).
+    waiting for the GIL while the loop goes on: at concurrency 1, a visible share of a request
+    (benchmarks/RESULTS.md has the per-stage trace).
     Running in place saves them when the loop has nothing else to do meanwhile: the model has
     one instance, nothing else waits, requests arrive further apart than a run takes, and runs
     are short enough not to hold up the loop's heartbeats. Under load, the instance thread

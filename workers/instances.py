@@ -9,8 +9,8 @@ error.
 Starting a batch on a lane's thread hands it the GIL: the loop waits (GIL released) until the
 thread has stacked the inputs and calls the model, which runs without the GIL. Left to
 itself the loop goes on with its own Python (answering the batch before, reading the next
-requests) and the thread, woken, waits for the GIL: ~1 ms per batch of the reference MLP
-under load, measured, with the instance idle all the while.
+requests) and the thread, woken, waits for the GIL, with the instance idle all the while
+(benchmarks/RESULTS.md, "the next batch handed to the instance thread at once").
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from sluice.workers.models import Infer
 
 log = logging.getLogger(__name__)
 
-#: the longest the loop waits for a lane's thread to take a batch up (it waits ~0.1 ms).
+#: the longest the loop waits for a lane's thread to take a batch up; a bound, as the thread
+#: normally takes it up far sooner.
 HANDOFF_TIMEOUT_S = 0.002
 
 
