@@ -19,7 +19,6 @@ import orjson
 from sluice.gateway import metadata
 from sluice.gateway.bulk_api import BulkApi
 from sluice.gateway.dispatcher import Dispatcher, Route
-from sluice.gateway.http_server import HttpRequest, HttpResponse
 from sluice.gateway.jobs import MAX_WAIT_S, Job, JobStore, new_job_id
 from sluice.gateway.model_table import ModelTable, ModelView
 from sluice.gateway.outage import RETRY_AFTER_S
@@ -35,6 +34,7 @@ from sluice.shared.errors import (
     error_from_code,
 )
 from sluice.shared.fleet import fleet_status
+from sluice.shared.http_messages import HttpRequest, HttpResponse
 from sluice.shared.infer_codec import (
     HEADER_LENGTH,
     ParsedInfer,

@@ -17,10 +17,10 @@ from urllib.parse import parse_qsl
 
 import orjson
 import redis
-from sluice.gateway.http_server import HttpResponse
 from sluice.shared import bulk
 from sluice.shared.bulk_files import FORMATS
 from sluice.shared.errors import InvalidInput, JobNotFound, Unavailable
+from sluice.shared.http_messages import HttpResponse
 from sluice.shared.redis_client import REDIS_ERRORS, sync_client
 
 T = TypeVar("T")

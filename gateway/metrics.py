@@ -21,10 +21,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from sluice.gateway.device_families import device_families
-from sluice.gateway.http_server import HttpRequest, HttpResponse
 from sluice.gateway.model_table import ModelTable
 from sluice.gateway.triton_exposition import Family, write
 from sluice.shared import keys
+from sluice.shared.http_messages import HttpRequest, HttpResponse
 from sluice.shared.stats import (
     DEAD_LETTERED,
     FAILURE_REASONS,

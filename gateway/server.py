@@ -1,4 +1,4 @@
-"""Runs a gateway: the HTTP API and the metrics port, on gateway/http_server.py and uvloop."""
+"""Runs a gateway: the HTTP API and the metrics port, on shared/http_server.py and uvloop."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from sluice.gateway.app import GatewayApp, GatewayLimits
 from sluice.gateway.bulk_api import BulkApi
 from sluice.gateway.dispatcher import Dispatcher
-from sluice.gateway.http_server import HttpServer
 from sluice.gateway.jobs import JobStore
 from sluice.gateway.metrics import MetricsApp
 from sluice.gateway.model_table import ModelTable
@@ -22,6 +21,7 @@ from sluice.gateway.outage import OutagePolicy
 from sluice.shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DrainDeadline, on_stop_signals
 from sluice.shared.errors import Unavailable
 from sluice.shared.gc_tuning import settle_after_startup
+from sluice.shared.http_server import HttpServer
 from sluice.shared.idle_poll import DEFAULT_WINDOW_US
 from sluice.shared.redis_client import REDIS_ERRORS, async_client
 from sluice.shared.tasks import stop_tasks

@@ -54,6 +54,34 @@ class Unauthorized(SluiceError):
     code = "UNAUTHENTICATED"
 
 
+class UnknownRoute(SluiceError):
+    """A path, or a method on it, that the API does not serve (HTTP 404)."""
+
+    http_status = 404
+    code = "NOT_FOUND"
+
+
+class Conflict(SluiceError):
+    """The request is at odds with the state it acts on: a finished job cancelled (HTTP 409)."""
+
+    http_status = 409
+    code = "FAILED_PRECONDITION"
+
+
+class RequestTimeout(SluiceError):
+    """A request not received whole within the server's time limit (HTTP 408)."""
+
+    http_status = 408
+    code = "DEADLINE_EXCEEDED"
+
+
+class HeaderFieldsTooLarge(SluiceError):
+    """Too many header fields, or too many bytes of them (HTTP 431)."""
+
+    http_status = 431
+    code = "INVALID_ARG"
+
+
 class Unavailable(SluiceError):
     """Queue full, timed out, or Redis unreachable (Triton UNAVAILABLE → 503).
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from sluice.gateway import http_server
-from sluice.gateway.http_server import HttpRequest, HttpResponse, HttpServer
+from sluice.shared import http_server
+from sluice.shared.http_messages import HttpRequest, HttpResponse
+from sluice.shared.http_server import HttpServer
 
 
 async def _echo(request: HttpRequest) -> HttpResponse:

@@ -1,4 +1,5 @@
-"""Health probes for an orchestrator: a worker has no HTTP API, so it answers just these two.
+"""Health probes for an orchestrator: a worker has no HTTP API, so it answers just these two,
+on the same HTTP server as the gateway.
 
 GET /v2/health/live is 200 while the process runs; GET /v2/health/ready is 200 once its models
 are loaded and its last heartbeat reached Redis, else 503.
@@ -6,37 +7,30 @@ are loaded and its last heartbeat reached Redis, else 503.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 
-READ_TIMEOUT_S = 5.0
-REASONS = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}
+from sluice.shared.http_messages import HttpRequest, HttpResponse
+from sluice.shared.http_server import Handler, HttpServer
+
+LIVE, READY = "/v2/health/live", "/v2/health/ready"
+#: probes carry no body; anything larger is refused before it is read.
+MAX_BODY_BYTES = 1024
+#: at exit, probes in flight get this long to be answered.
+HEALTH_SHUTDOWN_S = 1.0
 
 
-def _status(path: bytes, ready: Callable[[], bool]) -> int:
-    if path == b"/v2/health/live":
-        return 200
-    if path == b"/v2/health/ready":
-        return 200 if ready() else 503
-    return 404
+def health_handler(ready: Callable[[], bool]) -> Handler:
+    async def answer(request: HttpRequest) -> HttpResponse:
+        if request.path == LIVE:
+            return HttpResponse(200)
+        if request.path == READY:
+            return HttpResponse(200 if ready() else 503)
+        return HttpResponse(404)
+
+    return answer
 
 
-async def serve_health(host: str, port: int, ready: Callable[[], bool]) -> asyncio.Server:
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            request_line = await asyncio.wait_for(reader.readline(), READ_TIMEOUT_S)
-            while (await asyncio.wait_for(reader.readline(), READ_TIMEOUT_S)).strip():
-                pass  # headers: nothing in them matters here
-            parts = request_line.split()
-            status = _status(parts[1].split(b"?")[0], ready) if len(parts) >= 2 else 404
-            writer.write(
-                f"HTTP/1.1 {status} {REASONS[status]}\r\ncontent-length: 0\r\n"
-                "connection: close\r\n\r\n".encode()
-            )
-            await writer.drain()
-        except (TimeoutError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    return await asyncio.start_server(answer, host, port)
+async def serve_health(host: str, port: int, ready: Callable[[], bool]) -> HttpServer:
+    server = HttpServer(health_handler(ready), MAX_BODY_BYTES)
+    await server.start(host, port)
+    return server

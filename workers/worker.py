@@ -31,7 +31,7 @@ from sluice.shared.registry import (
 from sluice.shared.repository import ModelEntry, scan_repository
 from sluice.shared.tasks import stop_tasks
 from sluice.workers.device_sampler import DeviceSampler
-from sluice.workers.health import serve_health
+from sluice.workers.health import HEALTH_SHUTDOWN_S, serve_health
 from sluice.workers.model_queue import ModelQueue
 from sluice.workers.models import Infer, choose_device, load_instance
 from sluice.workers.recovery import RecoveryPolicy
@@ -286,7 +286,7 @@ class Worker:
             await stop_tasks(helpers)
             self.sampler.stop()
             if health is not None:
-                health.close()
+                await health.shutdown(HEALTH_SHUTDOWN_S)
             try:
                 await self.redis.hdel(keys.FLEET, self.id)
             except REDIS_ERRORS as exc:  # best effort: the entry also expires on its own

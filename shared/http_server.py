@@ -1,4 +1,5 @@
-"""A small HTTP/1.1 server on asyncio + httptools, made for the gateway's hot path.
+"""A small HTTP/1.1 server on asyncio + httptools, made for the gateway's hot path; worker
+health probes are served by it too.
 
 Measured against uvicorn's ASGI layer, most of a request's gateway time went to ASGI message
 plumbing and to writing the status line and the body in two syscalls. Here a request is
@@ -14,14 +15,23 @@ import asyncio
 import collections
 import logging
 import select
-import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
-from http import HTTPStatus
+from collections.abc import Awaitable, Callable
 from urllib.parse import unquote
 
 import httptools
-import orjson
+from sluice.shared.errors import (
+    HeaderFieldsTooLarge,
+    InvalidInput,
+    PayloadTooLarge,
+    RequestTimeout,
+)
+from sluice.shared.http_messages import (
+    REASONS,
+    HttpRequest,
+    HttpResponse,
+    encode_response,
+    error_response,
+)
 
 log = logging.getLogger(__name__)
 
@@ -44,41 +54,10 @@ READ_SIZE = 256 << 10
 LINGER_S = 2.0
 
 
-@dataclass(slots=True)
-class HttpRequest:
-    method: str
-    path: str
-    headers: dict[bytes, bytes]
-    body: bytes
-    #: resolves when the client closes its connection (the request may be dropped then).
-    disconnected: asyncio.Future[None]
-    #: set when the body was over the size limit (and dropped): why it is refused (413).
-    refusal: str | None = None
-    #: the raw query string (after `?`).
-    query: str = ""
-
-
-@dataclass(slots=True)
-class HttpResponse:
-    status: int
-    body: bytes | list[bytes | memoryview] = b""
-    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
-    #: a body written piece by piece as it is produced (server-sent events); the
-    #: connection closes after it.
-    stream: AsyncIterator[bytes] | None = None
-
-
 Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
 #: (method, path, headers) -> the answer a request gets whatever its body (401, 404), or None:
 #: lets a client that sent `Expect: 100-continue` be refused before it sends the body.
 Precheck = Callable[[str, str, dict[bytes, bytes]], HttpResponse | None]
-
-_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
-JSON = b"application/json"
-
-
-def _error(status: int, message: str) -> HttpResponse:
-    return HttpResponse(status, orjson.dumps({"error": message}), [(b"content-type", JSON)])
 
 
 class _Refused(Exception):
@@ -91,41 +70,11 @@ class _Refused(Exception):
 
 def _headers_too_large() -> _Refused:
     message = f"request header fields too large (at most {MAX_HEADERS} fields, {MAX_HEADER_BYTES}"
-    return _Refused(_error(431, message + " bytes)"))
+    return _Refused(error_response(HeaderFieldsTooLarge(message + " bytes)")))
 
 
-def encode_response(
-    response: HttpResponse,
-    accept_encoding: bytes,
-    keep_alive: bool,
-    version: bytes = b"1.1",
-    head: bool = False,
-) -> bytes:
-    """Status line, headers and body as one buffer (one write, one syscall).
-
-    `version`: the client's (1.0 or 1.1); `head`: a HEAD request's answer, all but the body.
-    """
-    body = response.body
-    if isinstance(body, list):
-        body = b"".join(body)
-    headers = response.headers
-    if body and accept_encoding and (b"gzip" in accept_encoding or b"deflate" in accept_encoding):
-        gzip = b"gzip" in accept_encoding
-        compressor = zlib.compressobj(wbits=16 + zlib.MAX_WBITS) if gzip else zlib.compressobj()
-        body = compressor.compress(body) + compressor.flush()
-        headers = [*headers, (b"content-encoding", b"gzip" if gzip else b"deflate")]
-    status = response.status
-    lines = [b"HTTP/%s %d %s\r\n" % (version, status, _REASONS.get(status, b"Unknown"))]
-    lines += [b"%s: %s\r\n" % pair for pair in headers]
-    lines.append(b"content-length: %d\r\n" % len(body))
-    if not keep_alive:
-        lines.append(b"connection: close\r\n")
-    elif version == b"1.0":  # HTTP/1.0 closes unless told otherwise
-        lines.append(b"connection: keep-alive\r\n")
-    lines.append(b"\r\n")
-    if not head:
-        lines.append(body)
-    return b"".join(lines)
+def _malformed(exc: Exception) -> HttpResponse:
+    return error_response(InvalidInput(f"malformed HTTP request: {exc}"))
 
 
 def _split_url(url: bytes) -> tuple[str, str]:
@@ -193,9 +142,9 @@ class _Connection(asyncio.Protocol):
                 self._refuse(exc.__context__.response)
             else:
                 log.error("HTTP parser callback failed", exc_info=exc.__context__)
-                self._fail(f"malformed HTTP request: {exc}")
+                self._refuse(_malformed(exc))
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
-            self._fail(f"malformed HTTP request: {exc}")
+            self._refuse(_malformed(exc))
         else:
             if self.in_head:
                 self.head_read += len(data)
@@ -245,7 +194,9 @@ class _Connection(asyncio.Protocol):
         length = self.headers.get(b"content-length", b"")
         limit = self.server.max_body_bytes
         if length.isdigit() and int(length) > limit:
-            return _error(413, f"request body exceeds the limit of {limit} bytes")
+            return error_response(
+                PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+            )
         if self.server.precheck is None:
             return None
         method = self.parser.get_method()
@@ -287,7 +238,7 @@ class _Connection(asyncio.Protocol):
         if message is None:  # idle keep-alive connection
             self.close_if_idle()
         elif self.worker is None:
-            self._fail(message, status=408)
+            self._refuse(error_response(RequestTimeout(message)))
 
     def on_message_complete(self) -> None:
         self._arm(IDLE_TIMEOUT_S, None)
@@ -346,7 +297,7 @@ class _Connection(asyncio.Protocol):
     async def _stream(self, response: HttpResponse, version: bytes, head_only: bool) -> None:
         assert self.transport is not None and response.stream is not None
         status = response.status
-        head = [b"HTTP/%s %d %s\r\n" % (version, status, _REASONS.get(status, b""))]
+        head = [b"HTTP/%s %d %s\r\n" % (version, status, REASONS.get(status, b""))]
         head += [b"%s: %s\r\n" % pair for pair in response.headers]
         self.transport.write(b"".join([*head, b"connection: close\r\n\r\n"]))
         try:
@@ -358,9 +309,6 @@ class _Connection(asyncio.Protocol):
                 self.transport.write(chunk)
         finally:
             self.transport.close()
-
-    def _fail(self, message: str, status: int = 400) -> None:
-        self._refuse(_error(status, message))
 
     def _refuse(self, response: HttpResponse) -> None:
         """Answer and close, reading and dropping for a while what the client still sends, so
