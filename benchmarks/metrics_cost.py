@@ -15,7 +15,7 @@ import time
 
 import redis
 from sluice.shared import keys
-from sluice.shared.stats import FINISH_BATCH_LUA, BatchStats, stats_record
+from sluice.shared.stats import FINISH_BATCH, BatchStats, stats_record
 
 from sluice.embedded_redis import EmbeddedRedis
 
@@ -32,17 +32,17 @@ def batch_stats(size: int) -> BatchStats:
 
 def redis_us_per_call(client: redis.Redis, with_stats: bool, size: int) -> float:
     client.config_resetstat()
-    script = client.register_script(FINISH_BATCH_LUA)
     stream = keys.request_stream("bench")
     record = [stats_record(batch_stats(size).increments())] if with_stats else []
     script_keys = [stream, keys.model_stats("bench"), keys.queue_sizes("bench")]
     for _ in range(CALLS):
-        script(
-            keys=[*script_keys, keys.model_stats_log("bench")],
-            args=[keys.WORKER_GROUP, 0, 0, 0, *record],
+        FINISH_BATCH.run(
+            client,
+            [*script_keys, keys.model_stats_log("bench")],
+            [keys.WORKER_GROUP, 0, 0, 0, *record],
         )
     stats = client.info("commandstats")
-    return float(stats["cmdstat_evalsha"]["usec_per_call"])
+    return float(stats["cmdstat_eval"]["usec_per_call"])
 
 
 def python_us_per_batch(size: int) -> float:

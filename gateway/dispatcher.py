@@ -23,10 +23,9 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 from sluice.gateway.outage import RETRY_AFTER_S, HeldRequests, OutagePolicy
 from sluice.shared import keys
-from sluice.shared.admission import ENQUEUE_LUA
+from sluice.shared.admission import ENQUEUE
 from sluice.shared.errors import Cancelled, Unavailable
 from sluice.shared.idle_poll import DEFAULT_WINDOW_US, IdlePoll
-from sluice.shared.lua import Lua
 from sluice.shared.protocol import ProtocolError, Request, Result, decode_results, encode_requests
 from sluice.shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS, server_info
 from sluice.shared.redis_wire import Command, Wire, stream_entries, xadd
@@ -90,7 +89,6 @@ class Dispatcher:
         self._prefix = gateway_id
         self._ids = itertools.count()
         self._outbox: dict[Route, list[Request]] = defaultdict(list)
-        self._enqueue = Lua(ENQUEUE_LUA)
         self._flush_scheduled = False
         self._sending: set[asyncio.Task[None]] = set()
         #: "model:version" -> requests sent and not yet answered.
@@ -198,7 +196,7 @@ class Dispatcher:
                     entry = encode_requests([request])
                     args += [entry["h"], entry["d"]]
                 commands.append(
-                    self._enqueue.command([stream, keys.queue_sizes(route.model)], args)
+                    ENQUEUE.command([stream, keys.queue_sizes(route.model)], args)
                 )
                 bounded.append(requests)
                 continue

@@ -19,7 +19,7 @@ from sluice.gateway.outage import RETRY_AFTER_S
 from sluice.shared import keys
 from sluice.shared.admission import enqueue_command, queue_full
 from sluice.shared.errors import InvalidInput, Unavailable
-from sluice.shared.jobs import CANCEL_LUA, CREATE_LUA, JOB_ID
+from sluice.shared.jobs import CANCEL_JOB, CREATE_JOB, JOB_ID
 from sluice.shared.protocol import (
     Request,
     Result,
@@ -60,8 +60,6 @@ class JobStore:
         self.redis = redis
         self.waiter = waiter
         self.ttl_s = ttl_s
-        self._create = redis.register_script(CREATE_LUA)
-        self._cancel = redis.register_script(CANCEL_LUA)
 
     async def submit(self, request: Request, route: Route, meta: dict[str, Any]) -> bool:
         """Create the job and queue its request; False if the job already existed.
@@ -70,8 +68,8 @@ class JobStore:
         it refuses is removed again, so that the same id can be submitted later.
         """
         try:
-            created = await self._create(
-                keys=[request.reply_to], args=[msgpack.packb(meta), self.ttl_s]
+            created = await CREATE_JOB.run(
+                self.redis, [request.reply_to], [msgpack.packb(meta), self.ttl_s]
             )
             if not created:
                 return False
@@ -110,8 +108,7 @@ class JobStore:
             [Result(job_id, error=("CANCELLED", "job was cancelled before it ran"))]
         )
         try:
-            return int(
-                await self._cancel(keys=[keys.job_stream(job_id)], args=[fields["h"], fields["d"]])
-            )
+            stream = keys.job_stream(job_id)
+            return int(await CANCEL_JOB.run(self.redis, [stream], [fields["h"], fields["d"]]))
         except REDIS_ERRORS as exc:
             raise Unavailable(f"queue unavailable: {exc}", RETRY_AFTER_S) from None

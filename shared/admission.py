@@ -18,7 +18,8 @@ from sluice.shared.lua import Lua
 #: admit each request while its priority level's queue has room; report which were admitted.
 #: KEYS: the level's request stream, the model's queue-size hash. ARGV: level, limit, then
 #: each request's entry fields `h` and `d`.
-ENQUEUE_LUA = """
+ENQUEUE = Lua(
+    """
 local size = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
 local limit = tonumber(ARGV[2])
 local admitted = {}
@@ -34,8 +35,7 @@ end
 redis.call('HSET', KEYS[2], ARGV[1], size)
 return admitted
 """
-
-_ENQUEUE = Lua(ENQUEUE_LUA)
+)
 
 
 def enqueue_command(
@@ -46,7 +46,7 @@ def enqueue_command(
     args: list[int | bytes] = [level, max_queue_size]
     for entry in entries:
         args += [entry["h"], entry["d"]]
-    return _ENQUEUE.command([keys.request_stream(model, level), keys.queue_sizes(model)], args)
+    return ENQUEUE.command([keys.request_stream(model, level), keys.queue_sizes(model)], args)
 
 
 def queue_full(request_id: str) -> str:

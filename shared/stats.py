@@ -51,7 +51,7 @@ end
 
 #: ack + delete a batch's stream entries, lower the queue-size counter of their priority level,
 #: then log the batch's statistics record, if any (KEYS: stream, stats, queue sizes, log).
-FINISH_BATCH_LUA = (
+FINISH_BATCH = Lua(
     _FOLD_LUA
     + f"""
 local n = tonumber(ARGV[2])

@@ -358,17 +358,17 @@ def test_a_bulk_job_resumes_after_its_rq_worker_is_killed(redis_url: str, model_
 
 
 def test_a_bulk_lease_has_one_holder_at_a_time(redis_url: str) -> None:
-    from sluice.workers.bulk import HOLD_LUA, LEASE_MS, RELEASE_LUA
+    from sluice.workers.bulk import HOLD_LEASE, LEASE_MS, RELEASE_LEASE
 
     client = sync_client(redis_url)
-    hold, release = client.register_script(HOLD_LUA), client.register_script(RELEASE_LUA)
     lease = keys.bulk_key("leased", "lease")
-    assert hold(keys=[lease], args=["a", LEASE_MS]) == 1
-    assert hold(keys=[lease], args=["b", LEASE_MS]) == 0  # a holds it
-    assert hold(keys=[lease], args=["a", LEASE_MS]) == 1  # a renews
+    assert HOLD_LEASE.run(client, [lease], ["a", LEASE_MS]) == 1
+    assert HOLD_LEASE.run(client, [lease], ["b", LEASE_MS]) == 0  # a holds it
+    assert HOLD_LEASE.run(client, [lease], ["a", LEASE_MS]) == 1  # a renews
     client.set(lease, "requeued")  # an rq worker found a's feeder dead
-    assert hold(keys=[lease], args=["b", LEASE_MS]) == 1
-    assert release(keys=[lease], args=["a"]) == 0  # a, back from a stall, cannot free b's lease
+    assert HOLD_LEASE.run(client, [lease], ["b", LEASE_MS]) == 1
+    # a, back from a stall, cannot free b's lease
+    assert RELEASE_LEASE.run(client, [lease], ["a"]) == 0
     assert client.get(lease) == b"b"
 
 

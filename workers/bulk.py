@@ -29,6 +29,7 @@ from sluice.shared import keys
 from sluice.shared.bulk import bulk_queue
 from sluice.shared.bulk_files import Item, read_items, write_output
 from sluice.shared.drain_deadline import DrainDeadline
+from sluice.shared.lua import Lua
 from sluice.shared.protocol import Request, decode_results, encode_requests, encode_results
 from sluice.shared.signature import Signature
 
@@ -44,7 +45,8 @@ READ_COUNT = 256
 MAINTENANCE_S = 5
 
 #: take or renew the lease if it is free, marked for a rerun, or already ours.
-HOLD_LUA = """
+HOLD_LEASE = Lua(
+    """
 local holder = redis.call('GET', KEYS[1])
 if holder == false or holder == 'requeued' or holder == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
@@ -52,11 +54,14 @@ if holder == false or holder == 'requeued' or holder == ARGV[1] then
 end
 return 0
 """
+)
 #: give the lease up only if it is still ours.
-RELEASE_LUA = """
+RELEASE_LEASE = Lua(
+    """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+)
 
 
 class LeaseLost(RuntimeError):
@@ -117,8 +122,6 @@ class BulkFeeder:
         self.failed = 0
         self.fed = 0
         self._renewed = self._reported = 0.0
-        self._hold = connection.register_script(HOLD_LUA)
-        self._release = connection.register_script(RELEASE_LUA)
 
     def run(self) -> dict[str, int | str]:
         if not self._take_lease():
@@ -126,7 +129,7 @@ class BulkFeeder:
         try:
             return self._run()
         finally:
-            self._release(keys=[self.spec.key("lease")], args=[self.owner])
+            RELEASE_LEASE.run(self.redis, [self.spec.key("lease")], [self.owner])
 
     def _run(self) -> dict[str, int | str]:
         items = read_items(
@@ -157,7 +160,7 @@ class BulkFeeder:
         while True:
             if self.redis.exists(self.spec.key("output")):
                 return False
-            if self._hold(keys=[lease], args=[self.owner, LEASE_MS]):
+            if HOLD_LEASE.run(self.redis, [lease], [self.owner, LEASE_MS]):
                 self._renewed = time.monotonic()
                 return True
             time.sleep(RENEW_S)
@@ -165,7 +168,7 @@ class BulkFeeder:
     def _keep_lease(self) -> None:
         if time.monotonic() - self._renewed < RENEW_S:
             return
-        if not self._hold(keys=[self.spec.key("lease")], args=[self.owner, LEASE_MS]):
+        if not HOLD_LEASE.run(self.redis, [self.spec.key("lease")], [self.owner, LEASE_MS]):
             raise LeaseLost(f"bulk {self.spec.id}: another feeder holds it now")
         self._renewed = time.monotonic()
 

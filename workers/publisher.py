@@ -24,11 +24,10 @@ from collections.abc import Callable, Sequence
 
 import redis.asyncio as aioredis
 from sluice.shared import keys
-from sluice.shared.lua import Lua
 from sluice.shared.protocol import Result, encode_results, job_event
 from sluice.shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS
 from sluice.shared.redis_wire import Wire, xadd
-from sluice.shared.stats import FINISH_BATCH_LUA, add_increments, stats_record
+from sluice.shared.stats import FINISH_BATCH, add_increments, stats_record
 from sluice.workers.pending import Queued
 
 log = logging.getLogger(__name__)
@@ -62,7 +61,6 @@ class Publisher:
         self.unanswered: dict[EntryKey, int] = {}
         #: answered entries whose acks wait for Redis to come back: still ours to keep alive.
         self.unacked: dict[EntryKey, None] = {}
-        self._finish = Lua(FINISH_BATCH_LUA)
         self._wire = Wire(redis)
         self._clock = clock
         #: statistics not yet written: field -> increment (`last_inference` fields: latest).
@@ -168,7 +166,7 @@ class Publisher:
             xadd(route, encode_results(route_results), "MAXLEN", "~", REPLY_STREAM_MAXLEN)
             for route, route_results in by_route.items()
         ]
-        commands += [self._finish.command(script_keys, args) for script_keys, args in calls]
+        commands += [FINISH_BATCH.command(script_keys, args) for script_keys, args in calls]
         attempt = 0
         while True:
             try:

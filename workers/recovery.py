@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 from sluice.shared import keys
+from sluice.shared.lua import Lua
 from sluice.shared.protocol import Request, encode_requests
 from sluice.shared.stats import DEAD_LETTERED, RECLAIMED
 
@@ -25,7 +26,8 @@ DEAD_LETTER_MAXLEN = 10_000
 STALE_CONSUMER_PERIODS = 10
 
 #: XADD each request as its own entry, then ack and delete the entry they came from.
-SPLIT_LUA = """
+SPLIT = Lua(
+    """
 for i = 3, #ARGV, 2 do
   redis.call('XADD', KEYS[1], '*', 'h', ARGV[i], 'd', ARGV[i + 1])
 end
@@ -33,6 +35,7 @@ redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 redis.call('XDEL', KEYS[1], ARGV[2])
 return 1
 """
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +67,6 @@ class Recovery:
         self.dead_stream = keys.dead_letters(model)
         self.consumer = consumer
         self.policy = policy
-        self._split = redis.register_script(SPLIT_LUA)
 
     @property
     def interval_s(self) -> float:
@@ -114,7 +116,7 @@ class Recovery:
         for request in requests:
             fields = encode_requests([request])
             args += [fields["h"], fields["d"]]
-        await self._split(keys=[self.stream], args=args)
+        await SPLIT.run(self.redis, [self.stream], args)
         log.warning("%s: split reclaimed entry %r into %d", self.model, entry_id, len(requests))
 
     async def dead_letter(self, claimed: Claimed, reason: str) -> None:

@@ -16,7 +16,7 @@ import msgpack
 from sluice.shared import keys
 from sluice.shared.admission import enqueue_command, queue_full
 from sluice.shared.errors import error_from_code
-from sluice.shared.jobs import CANCEL_LUA, CREATE_LUA, JOB_ID
+from sluice.shared.jobs import CANCEL_JOB, CREATE_JOB, JOB_ID
 from sluice.shared.protocol import (
     Request,
     Result,
@@ -46,8 +46,6 @@ class RedisClient:
         self.redis = sync_client(redis_url)
         self.tensors = tensors
         self.job_ttl_s = job_ttl_s
-        self._create = self.redis.register_script(CREATE_LUA)
-        self._cancel = self.redis.register_script(CANCEL_LUA)
 
     def submit(
         self,
@@ -90,7 +88,7 @@ class RedisClient:
             "outputs": dict.fromkeys(outputs, True) if outputs else None,
             "binary": True,
         }
-        if self._create(keys=[stream], args=[msgpack.packb(meta), self.job_ttl_s]):
+        if CREATE_JOB.run(self.redis, [stream], [msgpack.packb(meta), self.job_ttl_s]):
             self._enqueue(request, model, level, policy.for_level(level).max_queue_size)
         return RedisJob(self, job_id, model)
 
@@ -152,9 +150,8 @@ class RedisJob:
         fields = encode_results(
             [Result(self.id, error=("CANCELLED", "job was cancelled before it ran"))]
         )
-        outcome = int(
-            self.client._cancel(keys=[keys.job_stream(self.id)], args=[fields["h"], fields["d"]])
-        )
+        stream = keys.job_stream(self.id)
+        outcome = int(CANCEL_JOB.run(self.client.redis, [stream], [fields["h"], fields["d"]]))
         if outcome < 0:
             raise JobNotFound(404, f"job '{self.id}' is unknown or expired")
         if outcome == 1:
