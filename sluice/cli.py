@@ -243,6 +243,7 @@ def serve(
     from sluice import preflight
     from sluice.serve import ServeConfig, run_serve
 
+    preflight.check_installed("sluice serve", "all")
     preflight.check_repository(model_repository)
     preflight.check_ports(host, {"--http-port": http_port, "--metrics-port": metrics_port})
     if redis_url is not None:
@@ -377,6 +378,8 @@ def worker(
 ) -> None:
     """Run one worker process serving the repository's models."""
     from sluice import preflight
+
+    preflight.check_installed("sluice worker", "worker")
     from sluice.workers.recovery import RecoveryPolicy
     from sluice.workers.worker import WorkerConfig, run_worker
 

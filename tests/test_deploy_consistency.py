@@ -340,7 +340,7 @@ def _pyproject() -> Doc:
 
 
 @pytest.mark.parametrize("role", ["gateway", "worker"])
-def test_dockerfile_pins_its_bases_and_torch_and_runs_unprivileged(role: str) -> None:
+def test_dockerfile_pins_its_bases_and_runs_unprivileged(role: str) -> None:
     text = (DOCKER / f"Dockerfile.{role}").read_text()
     args = dict(re.findall(r"^ARG (\w+)=(\S*)$", text, re.M))
     bases = [
@@ -351,8 +351,6 @@ def test_dockerfile_pins_its_bases_and_torch_and_runs_unprivileged(role: str) ->
     for base in bases:
         _, _, tag = base.partition(":")
         assert re.match(r"\d+\.\d+\.\d+", tag), base  # a full version, never :latest
-    (torch_pin,) = [d for d in _pyproject()["project"]["dependencies"] if d.startswith("torch")]
-    assert torch_pin in text
     final = text.rsplit("\nFROM ", 1)[1]
     (user,) = re.findall(r"^USER (\S+)$", final, re.M)
     assert user.split(":")[0] not in ("root", "0")
@@ -362,9 +360,23 @@ def test_dockerfile_pins_its_bases_and_torch_and_runs_unprivileged(role: str) ->
     assert copied == folders  # every folder the distribution's packages come from
 
 
-def test_gateway_image_takes_the_cpu_torch_build() -> None:
-    text = (DOCKER / "Dockerfile.gateway").read_text()
-    assert "--index-url https://download.pytorch.org/whl/cpu torch==" in text
+def _instructions(role: str) -> str:
+    text = (DOCKER / f"Dockerfile.{role}").read_text()
+    return "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+
+
+def test_worker_image_installs_the_worker_extra_with_its_torch_pin() -> None:
+    extras = _pyproject()["project"]["optional-dependencies"]
+    (torch_pin,) = [d for d in extras["worker"] if d.startswith("torch")]
+    text = _instructions("worker")
+    assert torch_pin in text
+    assert "pip install '.[worker," in text
+
+
+def test_gateway_image_installs_the_base_distribution_without_torch() -> None:
+    text = _instructions("gateway")
+    assert "torch" not in text
+    assert "pip install . " in text
 
 
 def test_dockerignore_keeps_what_the_images_copy() -> None:
