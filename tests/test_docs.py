@@ -88,9 +88,7 @@ def test_links_lead_to_a_file_and_heading(page: Path) -> None:
             continue
         path, _, anchor = target.partition("#")
         file = (page.parent / path).resolve() if path else page
-        if not file.exists() or (
-            anchor and file.suffix == ".md" and anchor not in _anchors(file)
-        ):
+        if not file.exists() or (anchor and file.suffix == ".md" and anchor not in _anchors(file)):
             broken.append(target)
     assert not broken, f"{page.name}: {broken}"
 
