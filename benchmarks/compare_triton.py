@@ -7,7 +7,8 @@ each concurrency with dynamic batching and with max_batch_size 1; (c) the same l
 PyTriton (Triton's C++ dynamic batcher) when its anchor environment is installed
 (`bash ../shared/anchor/setup.sh`); (d) sluice at c=1 on an identity model with the MLP's
 signature, so that p50 at c=1 splits into sluice's own path and the model as it runs in
-place; then prints the ratios and writes benchmarks/RESULTS.md.
+place; then prints the ratios and appends them to the dated log at the end of
+benchmarks/RESULTS.md (a run becomes current when it replaces that file's current table).
 Load comes from Triton's perf_analyzer when available (sync HTTP, batch 1), else from
 `sluice bench`.
 
@@ -270,7 +271,7 @@ def report(alone: list[dict[int, float]], rows: list[dict]) -> str:
     by = {(r["label"], r["concurrency"]): r for r in rows if "throughput" in r}
     levels = sorted({r["concurrency"] for r in rows})
     lines = [
-        f"## Reference MLP, {datetime.date.today()} ({platform.machine()}, "
+        f"### Reference MLP, {datetime.date.today()} ({platform.machine()}, "
         f"{os.cpu_count()} cores, torch {torch.__version__}, load: "
         f"{rows[0].get('tool', '?') if rows else '?'})",
         "",

@@ -32,8 +32,9 @@ _OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 
 
 def _slug(heading: str) -> str:
-    """A heading's anchor as GitHub makes it: lower case, punctuation dropped, spaces to '-'."""
-    text = re.sub(r"[`*_]|\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip()).lower()
+    """A heading's anchor as GitHub makes it: lower case, punctuation but '-' and '_' dropped,
+    spaces to '-'."""
+    text = re.sub(r"[`*]|\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip()).lower()
     return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
 
 
@@ -117,6 +118,7 @@ def test_documented_options_exist(page: Path) -> None:
 def test_the_checks_catch_what_they_are_for() -> None:
     assert _slug("Batching delay: fixed or adaptive") == "batching-delay-fixed-or-adaptive"
     assert _slug("Redis Cluster, Sentinel, managed") == "redis-cluster-sentinel-managed"
+    assert _slug("Fleet, 2026-11-29 (x86_64, `a.py`)") == "fleet-2026-11-29-x86_64-apy"
     assert _resolves("sluice.shared.keys.request_stream")
     assert not _resolves("sluice.shared.keys.no_such_name")
     assert "--redis-url" in _cli_options()
