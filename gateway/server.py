@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 
 from sluice.gateway.app import GatewayApp, GatewayLimits
 from sluice.gateway.bulk_api import BulkApi
+from sluice.gateway.core import GatewayCore
 from sluice.gateway.dispatcher import Dispatcher
+from sluice.gateway.job_operations import JobOperations
 from sluice.gateway.jobs import JobStore
 from sluice.gateway.metrics import MetricsApp
 from sluice.gateway.model_table import ModelTable
@@ -65,7 +67,8 @@ async def serve_gateway(
     waiter = async_client(config.redis_url, socket_timeout_s=None)
     jobs = JobStore(redis, waiter, config.limits.job_ttl_s)
     bulk = BulkApi(config.redis_url)
-    app = GatewayApp(dispatcher, table, config.limits, jobs, bulk)
+    core = GatewayCore(dispatcher, table, config.limits, bulk)
+    app = GatewayApp(core, JobOperations(core, jobs), config.limits)
     http = HttpServer(app, config.limits.max_body_bytes, app.precheck)
     metrics = HttpServer(MetricsApp(redis, table))
     stop = stop or _stop_on_signal(config.graceful_shutdown_s, http)

@@ -1,0 +1,262 @@
+"""The gateway's operations, whatever transport carries them: plain typed values in and out.
+
+A transport (gateway/app.py for KServe v2 over HTTP) parses its requests into these calls and
+encodes what they return; failures are the typed errors of shared/errors.py, which each
+transport maps to its own status codes in one place. Nothing here knows of HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from sluice.gateway import metadata
+from sluice.gateway.bulk_api import BulkApi, BulkUpload
+from sluice.gateway.dispatcher import Dispatcher, Route
+from sluice.gateway.model_table import ModelTable, ModelView
+from sluice.gateway.outage import RETRY_AFTER_S
+from sluice.shared import keys
+from sluice.shared.bulk import BulkStatus
+from sluice.shared.errors import InvalidInput, ModelNotReady, Unavailable, error_from_code
+from sluice.shared.fleet import fleet_status
+from sluice.shared.infer_codec import ParsedInfer, decompress, parse_infer
+from sluice.shared.protocol import Request, Result, Tensor
+from sluice.shared.queue_policy import DEADLINE, PRIORITY, TIMEOUT, deadline_us
+from sluice.shared.redis_client import REDIS_ERRORS
+from sluice.shared.signature import Signature, validate_inputs
+
+#: request parameters the workers act on.
+FORWARDED_PARAMETERS = (PRIORITY, TIMEOUT, DEADLINE)
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayLimits:
+    max_body_bytes: int = 64 << 20
+    request_timeout_s: float = 300.0
+    #: when set, every request but the health probes needs `Authorization: Bearer <token>`.
+    auth_token: str | None = None
+    #: how long a job and its result are kept.
+    job_ttl_s: int = 3600
+
+
+class InferInput(Protocol):
+    """An infer request as its transport received it, decoded once its model is known."""
+
+    def inflate(self, max_body_bytes: int) -> bytes:
+        """The request's bytes, uncompressed (at most `max_body_bytes`)."""
+        ...
+
+    def decode(self, body: bytes, sig: Signature) -> ParsedInfer:
+        """The request checked against the model's signature (InvalidInput if it does not fit)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class RestInfer:
+    """A KServe v2 REST infer body: JSON, or a JSON header then binary tensors."""
+
+    body: bytes
+    #: how the body is compressed (gzip, deflate), if at all.
+    encoding: str | None = None
+    #: the JSON header's length when binary tensors follow, as sent (unchecked).
+    header_length: bytes | None = None
+
+    def inflate(self, max_body_bytes: int) -> bytes:
+        return decompress(self.body, self.encoding, max_body_bytes)
+
+    def decode(self, body: bytes, sig: Signature) -> ParsedInfer:
+        return parse_infer(body, _header_length(self.header_length), sig)
+
+
+@dataclass(slots=True)
+class InferOutcome:
+    """A served request: the model and version that ran it, what it asked for, its outputs."""
+
+    model: str
+    version: int
+    request: ParsedInfer
+    outputs: Sequence[Tensor]
+
+
+@dataclass(slots=True)
+class Prepared:
+    """An infer request decoded and checked, ready to queue."""
+
+    request: ParsedInfer
+    version: int
+    route: Route
+    parameters: dict[str, Any]
+
+
+def outcome(model: str, version: int, request: ParsedInfer, result: Result) -> InferOutcome:
+    """A worker's result as an outcome; the typed error it carries when it failed."""
+    if result.error is not None:
+        raise error_from_code(*result.error)
+    return InferOutcome(model, version, request, result.outputs)
+
+
+class GatewayCore:
+    """Metadata, readiness, statistics, infer and bulk uploads over the model table, the
+    dispatcher and the bulk queue (`bulk`: a bulk job's status, cancel and output)."""
+
+    def __init__(
+        self, dispatcher: Dispatcher, table: ModelTable, limits: GatewayLimits, bulk: BulkApi
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.table = table
+        self.limits = limits
+        self.bulk = bulk
+
+    # -- server and models -------------------------------------------------------------------
+
+    def server_metadata(self) -> dict[str, Any]:
+        return metadata.server_metadata()
+
+    def ready(self) -> bool:
+        return self.table.ready
+
+    async def fleet(self) -> dict[str, Any]:
+        return await fleet_status(self.dispatcher.redis)
+
+    def repository_index(self) -> list[dict[str, Any]]:
+        return metadata.repository_index(self.table.models)
+
+    async def statistics(self, model: str | None, version: str | None) -> dict[str, Any]:
+        """Every model's statistics (`model` None), or one model's."""
+        if model is None:
+            views = list(self.table.models.values())
+            return await metadata.model_statistics(self.dispatcher.redis, views, None)
+        view = await self.view(model, version)
+        wanted = int(version) if version else None
+        return await metadata.model_statistics(self.dispatcher.redis, [view], wanted)
+
+    async def view(self, name: str, version: str | None = None) -> ModelView:
+        """The model `name` (ModelNotFound), looked for again in Redis if it is new here;
+        `version`, when given, must be a version number (InvalidInput)."""
+        if version is not None and not (
+            version.isascii() and version.isdecimal() and len(version) <= 18
+        ):
+            raise InvalidInput(f"version must be a number, got '{version[:40]}'")
+        if name not in self.table.models:
+            try:  # a model registered since the last refresh
+                await self.table.refresh()
+            except REDIS_ERRORS as exc:
+                message = f"queue unavailable: Redis is unreachable ({exc})"
+                raise Unavailable(message, RETRY_AFTER_S) from None
+        return self.table.get(name)
+
+    async def model_ready(self, model: str, version: str | None) -> None:
+        """Returns when the model (version) serves; ModelNotReady otherwise."""
+        view = await self.view(model, version)
+        ready = (int(version) in view.ready_versions) if version else view.ready
+        if not ready:
+            raise ModelNotReady("Model version not ready")
+
+    async def model_config(self, model: str, version: str | None) -> dict[str, Any]:
+        view = await self.view(model, version)
+        if view.config is None:
+            raise ModelNotReady(f"model '{model}' is not ready: {view.reason}")
+        return view.config
+
+    async def model_metadata(self, model: str, version: str | None) -> dict[str, Any]:
+        view = await self.view(model, version)
+        if view.signature is None:
+            raise ModelNotReady(f"model '{model}' is not ready: {view.reason}")
+        return metadata.model_metadata(view, int(version) if version else None)
+
+    async def submit_bulk(self, model: str, version: str | None, upload: BulkUpload) -> BulkStatus:
+        """Start a bulk job on the model (a named version must be ready)."""
+        view = await self.view(model, version)
+        resolved = view.resolve_version(version) if version else None
+        return await self.bulk.submit(view.name, resolved, upload)
+
+    # -- infer -------------------------------------------------------------------------------
+
+    async def infer(
+        self,
+        model: str,
+        version: str | None,
+        infer: InferInput,
+        client_gone: asyncio.Future[None] | None = None,
+    ) -> InferOutcome:
+        """Queue the request and wait for its result; `client_gone` resolving cancels it."""
+        view = await self.view(model, version)
+        prepared = self.prepare(view, version, infer)
+        params = prepared.parameters
+        deadline_s = deadline_us(params) / 1e6
+        parsed = prepared.request
+        request = Request(
+            self.dispatcher.new_request_id(),
+            prepared.version,
+            time.time_ns(),
+            self.dispatcher.reply_stream,
+            parsed.inputs,
+            tuple(parsed.outputs) if parsed.outputs else None,
+            params,
+        )
+
+        def cancel(_: object) -> None:
+            self.dispatcher.cancel(view.name, request.id)
+
+        if client_gone is not None:
+            client_gone.add_done_callback(cancel)
+        try:
+            result = await self.dispatcher.submit(
+                prepared.route,
+                request,
+                min(self.limits.request_timeout_s, deadline_s or self.limits.request_timeout_s),
+                view.preserve_ordering,
+                "Request deadline exceeded" if deadline_s else "Request timeout expired",
+            )
+        finally:
+            if client_gone is not None:
+                client_gone.remove_done_callback(cancel)
+        return outcome(view.name, prepared.version, parsed, result)
+
+    def prepare(self, view: ModelView, version_text: str | None, infer: InferInput) -> Prepared:
+        """Decode and check an infer request; what fails here is counted as a failure."""
+        version = view.resolve_version(version_text) or max(view.versions)
+        sig = view.signature
+        assert sig is not None
+        body = infer.inflate(self.limits.max_body_bytes)
+        try:
+            parsed = infer.decode(body, sig)
+            validate_inputs(sig, parsed.inputs)
+            known = sig.output_names()
+            for output in parsed.outputs or ():
+                if output not in known:
+                    raise InvalidInput(
+                        f"unexpected inference output '{output}' for model '{view.name}'"
+                    )
+            params = {k: v for k, v in parsed.parameters.items() if k in FORWARDED_PARAMETERS}
+            policy = view.queue_policy
+            level = policy.level_of(params)
+            deadline_us(params)
+        except InvalidInput:
+            self._count_failure(view.name, version, "OTHER")
+            raise
+        route = Route(
+            view.name, level, max(1, sig.max_batch_size), policy.for_level(level).max_queue_size
+        )
+        return Prepared(parsed, version, route, params)
+
+    def _count_failure(self, model: str, version: int, reason: str) -> None:
+        """Failures that never reach a worker still show in the fleet-wide metrics."""
+        coro = self.dispatcher.redis.hincrby(keys.GATEWAY_STATS, f"{model}:{version}:{reason}", 1)
+        task = asyncio.ensure_future(coro)
+        task.add_done_callback(lambda t: t.exception())
+
+
+def _header_length(raw: bytes | None) -> int | None:
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidInput("Inference-Header-Content-Length must be an integer") from None
+    if value < 0:
+        raise InvalidInput("Inference-Header-Content-Length must not be negative")
+    return value

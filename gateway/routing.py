@@ -1,0 +1,57 @@
+"""A route table: method and path pattern -> endpoint, matched in one place (as starlette's
+`Route` list), so that the API's shape reads as a list instead of a ladder of path tests.
+
+Patterns are matched against the path without its outer slashes. `{name}` is one path
+segment (possibly empty), passed to the endpoint by name; a trailing `/**` takes any further
+segments, which the endpoint ignores. Routes are tried in order, so put the busiest first and
+catch-alls last; a route whose methods do not include the request's is skipped.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+from sluice.shared.http_messages import HttpRequest, HttpResponse
+
+Endpoint = Callable[[HttpRequest, dict[str, str]], Awaitable[HttpResponse]]
+_PARAMETER = re.compile(r"\{(\w+)\}")
+
+
+def _compile(pattern: str) -> re.Pattern[str]:
+    tail = pattern.endswith("/**")
+    fixed = pattern[:-3] if tail else pattern
+    parts = _PARAMETER.split(fixed)  # literal, name, literal, name, ..., literal
+    regex = "".join(
+        re.escape(part) if i % 2 == 0 else f"(?P<{part}>[^/]*)" for i, part in enumerate(parts)
+    )
+    return re.compile(regex + ("(?:/.*)?" if tail else ""), re.DOTALL)
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    pattern: str
+    endpoint: Endpoint
+    #: the methods it answers; None: any.
+    methods: frozenset[str] | None = None
+    regex: re.Pattern[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "regex", _compile(self.pattern))
+
+
+class Router:
+    def __init__(self, routes: Sequence[Route]) -> None:
+        self.routes = tuple(routes)
+
+    def match(self, method: str, path: str) -> tuple[Endpoint, dict[str, str]] | None:
+        """The first route for `method` whose pattern matches `path`, with its parameters."""
+        subject = path.strip("/")
+        for route in self.routes:
+            if route.methods is not None and method not in route.methods:
+                continue
+            found = route.regex.fullmatch(subject)
+            if found is not None:
+                return route.endpoint, found.groupdict()
+        return None
