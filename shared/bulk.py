@@ -12,10 +12,11 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import redis
+from redis.typing import EncodableT, FieldT
 from rq import Queue, Retry
 from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
@@ -92,7 +93,8 @@ def bulk_queue(connection: redis.Redis) -> Queue:
 
 def model_signature(connection: redis.Redis, model: str) -> tuple[dict[str, Any], list[int]]:
     """The model's config as the workers published it, and its versions."""
-    record = connection.hget(keys.MODELS, model)
+    # sluice's clients never decode replies: values are bytes
+    record = cast("bytes | None", connection.hget(keys.MODELS, model))
     if record is None:
         raise ModelNotFound(f"Request for unknown model: '{model}' is not found")
     info = decode_model_record(record)
@@ -129,7 +131,7 @@ def submit_bulk(
     policy = QueuePolicy.from_config(config)
     level = policy.default_priority_level
     limit = policy.for_level(level).max_queue_size
-    spec = {
+    spec: dict[FieldT, EncodableT] = {
         "model": model,
         "version": version or max(versions),
         "format": fmt,
@@ -162,7 +164,7 @@ def submit_bulk(
 
 
 def _spec(connection: redis.Redis, bulk_id: str) -> dict[bytes, bytes]:
-    spec = connection.hgetall(keys.bulk_key(bulk_id, "spec"))
+    spec = cast("dict[bytes, bytes]", connection.hgetall(keys.bulk_key(bulk_id, "spec")))
     if not spec:
         raise JobNotFound(f"bulk job '{bulk_id}' is unknown or expired")
     return spec
@@ -223,7 +225,7 @@ def bulk_output(connection: redis.Redis, bulk_id: str) -> tuple[BulkStatus, byte
     status = bulk_status(connection, bulk_id)
     if status.status != "done":
         return status, None
-    return status, connection.get(keys.bulk_key(bulk_id, "output"))
+    return status, cast("bytes | None", connection.get(keys.bulk_key(bulk_id, "output")))
 
 
 def list_bulks(connection: redis.Redis) -> list[BulkStatus]:

@@ -132,7 +132,7 @@ def _rows(name: str, array: np.ndarray) -> tuple[str, tuple[int, ...], list[Any]
         raise InvalidInput(f"array '{name}': unsupported dtype {array.dtype}") from None
     contiguous = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
     step = contiguous[0].nbytes
-    raw = memoryview(contiguous.reshape(-1)).cast("B")
+    raw = contiguous.reshape(-1).data.cast("B")
     return (
         datatype,
         tuple(array.shape[1:]),

@@ -87,7 +87,7 @@ def serialize_bytes_elements(items: Iterable[bytes | str]) -> bytes:
     return b"".join(parts)
 
 
-def deserialize_bytes_elements(buf: bytes | memoryview) -> list[bytes]:
+def deserialize_bytes_elements(buf: bytes | bytearray | memoryview) -> list[bytes]:
     """Inverse of :func:`serialize_bytes_elements`; raises ValueError on a truncated buffer."""
     view = memoryview(buf)
     out: list[bytes] = []

@@ -21,7 +21,7 @@ from sluice.shared.datatypes import (
     serialize_bytes_elements,
 )
 from sluice.shared.errors import InvalidInput, PayloadTooLarge
-from sluice.shared.protocol import Tensor
+from sluice.shared.protocol import Buffer, Tensor
 from sluice.shared.signature import Signature
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -175,15 +175,16 @@ def _flatten(data: Any) -> list[Any]:
     """Nested lists to a flat list, without recursion (depth is the client's choice)."""
     if not isinstance(data, list):
         return [data]
-    while data and isinstance(data[0], list):
-        flat: list[Any] = []
-        for item in data:
+    flat: list[Any] = data
+    while flat and isinstance(flat[0], list):
+        level: list[Any] = []
+        for item in flat:
             if isinstance(item, list):
-                flat.extend(item)
+                level.extend(item)
             else:
-                flat.append(item)
-        data = flat
-    return data
+                level.append(item)
+        flat = level
+    return flat
 
 
 #: the JSON value types each datatype accepts (bools only for BOOL; checked separately).
@@ -243,9 +244,9 @@ def _json_values(tensor: Tensor) -> Any:
 
 def encode_response(
     model: str, version: int, request: ParsedInfer, outputs: Sequence[Tensor]
-) -> tuple[bytes | list[bytes | memoryview], int | None]:
+) -> tuple[bytes | list[Buffer], int | None]:
     """The response body (parts to join) and its JSON header length (None: pure JSON)."""
-    binaries: list[bytes | memoryview] = []
+    binaries: list[Buffer] = []
     items = []
     for tensor in outputs:
         want = request.outputs.get(tensor.name) if request.outputs else None

@@ -26,7 +26,7 @@ SCHEMA = 1
 
 #: caps on what a header may declare, so a hostile entry cannot make the decoder allocate.
 MAX_HEADER_BYTES = 1 << 20
-_UNPACK_LIMITS = {
+_UNPACK_LIMITS: dict[str, Any] = {
     "max_str_len": 1 << 16,
     "max_bin_len": 0,
     "max_array_len": 1 << 16,

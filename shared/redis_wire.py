@@ -93,7 +93,9 @@ class _Link(asyncio.Protocol):
         #: live as long as the link
         self._connection = connection
         self._timeout_s = timeout_s
-        self._transport: asyncio.Transport = connection._writer.transport
+        writer = connection._writer
+        assert writer is not None, "the connection is open"
+        self._transport: asyncio.WriteTransport = writer.transport
         self._loop = asyncio.get_running_loop()
         # error replies become redis-py's exception classes (LOADING: a connection error)
         self._reader = hiredis.Reader(

@@ -77,7 +77,8 @@ def encode_model_record(
 
 
 def decode_model_record(raw: bytes) -> dict[str, Any]:
-    return msgpack.unpackb(raw)
+    record: dict[str, Any] = msgpack.unpackb(raw)
+    return record
 
 
 def live_members(raw: Mapping[bytes, bytes], now: int) -> tuple[list[Member], list[bytes]]:
