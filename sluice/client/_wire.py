@@ -44,7 +44,7 @@ def raw_tensor(value: Tensorish) -> tuple[str, tuple[int, ...], bytes]:
     return datatype, tuple(array.shape), data
 
 
-def array_of(datatype: str, shape: Any, raw: bytes | memoryview) -> np.ndarray:
+def array_of(datatype: str, shape: Any, raw: bytes | bytearray | memoryview) -> np.ndarray:
     if datatype == "BYTES":
         items = deserialize_bytes_elements(raw)
         array = np.empty(len(items), dtype=object)
