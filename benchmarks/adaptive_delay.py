@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from compare_triton import mlp_repository, serving  # noqa: E402
 
 from sluice.bench.loadgen import run_bench  # noqa: E402
-from sluice.bench.settings import BenchSettings, Mode, Target  # noqa: E402
+from sluice.bench.settings import BenchSettings, Mode  # noqa: E402
 
 MODES = ("fixed", "adaptive")
 PORT = 18800
@@ -39,8 +39,10 @@ def repository(mode: str) -> Path:
     return mlp_repository(lambda config: f"{config}\n{parameter}\n")
 
 
-def measure(target: Target, mode: Mode, level: float) -> Figures:
-    settings = BenchSettings(target, mode, (level,), distribution="poisson", max_trials=6)
+def measure(url: str, mode: Mode, level: float) -> Figures:
+    """One level; `mode` names the option the level is given to (concurrency, request_rate)."""
+    levels = {mode: (level,)}
+    settings = BenchSettings(url=url, model="mlp", distribution="poisson", max_trials=6, **levels)
     result = run_bench(settings, lambda *_: None).levels[0].result
     if result.latency is None or result.server is None:
         raise RuntimeError(f"{mode} {level}: no answers ({result.error_kinds})")
@@ -59,10 +61,8 @@ def main() -> None:
     for round_ in range(args.rounds):
         for mode in MODES if round_ % 2 == 0 else MODES[::-1]:
             with serving(repository(mode), PORT + 10 * round_) as (url, _):
-                host, port = url.rsplit(":", 1)
-                target = Target(host, int(port), "mlp")
                 for index, (kind, level) in enumerate(loads):
-                    figures[(mode, index)].append(measure(target, kind, level))
+                    figures[(mode, index)].append(measure(url, kind, level))
                     p50, p99, queue, batch = figures[(mode, index)][-1]
                     print(
                         f"[{mode}] {kind} {level:g}: p50 {p50:.2f} ms p99 {p99:.2f} ms "

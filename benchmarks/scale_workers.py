@@ -47,7 +47,7 @@ from sluice.shared import keys  # noqa: E402
 from sluice.shared.registry import Member  # noqa: E402
 
 from sluice.bench.loadgen import run_bench  # noqa: E402
-from sluice.bench.settings import BenchSettings, Target  # noqa: E402
+from sluice.bench.settings import BenchSettings  # noqa: E402
 from sluice.embedded_redis import EmbeddedRedis, die_with_parent  # noqa: E402
 
 MODEL = "mlp"
@@ -234,12 +234,11 @@ def background(client: redis.Redis, seconds: float = IDLE_S) -> tuple[float, flo
 
 
 def bench_settings(http: str, concurrency: int, window_s: float) -> BenchSettings:
-    host, port = http.split(":")
     return BenchSettings(
-        Target(host, int(port), MODEL),
-        "concurrency",
-        (concurrency,),
-        window_s=window_s,
+        url=http,
+        model=MODEL,
+        concurrency=(concurrency,),
+        window_ms=round(window_s * 1e3),
         max_trials=4,
         warmup_s=1.0,
     )

@@ -10,7 +10,9 @@ from typing import Any
 import click
 import redis
 
+from sluice.options_cli import settings_command
 from sluice.runtime_file import redis_url_or_local
+from sluice.settings import JOBS_WORKER_SETTINGS_ENV, JobsWorkerSettings
 from sluice.shared.bulk import (
     DEFAULT_TTL_S,
     DEFAULT_WINDOW,
@@ -23,7 +25,7 @@ from sluice.shared.bulk import (
     submit_bulk,
 )
 from sluice.shared.bulk_files import format_of
-from sluice.shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DRAIN_TIMEOUT_HELP, DrainDeadline
+from sluice.shared.drain_deadline import DrainDeadline
 from sluice.shared.errors import SluiceError
 from sluice.shared.redis_client import REDIS_ERRORS, sync_client
 
@@ -209,40 +211,25 @@ def result(redis_url: str | None, bulk_id: str, output: Path, wait: bool) -> Non
 
 
 @jobs.command()
-@redis_option
-@click.option("--burst", is_flag=True, help="Exit once the queue is empty.")
-@click.option(
-    "--log-level",
-    envvar="SLUICE_LOG_LEVEL",
-    show_envvar=True,
-    default="info",
-    type=click.Choice(["debug", "info", "warning", "error"]),
-    help="Log level (rq's own messages included).",
-)
-@click.option(
-    "--drain-timeout",
-    envvar="SLUICE_DRAIN_TIMEOUT",
-    show_envvar=True,
-    default=DEFAULT_DRAIN_TIMEOUT_S,
-    show_default=True,
-    type=click.FloatRange(min=0),
-    help=DRAIN_TIMEOUT_HELP + " A bulk job cut short is resumed by another rq worker.",
-)
-def worker(redis_url: str | None, burst: bool, log_level: str, drain_timeout: float) -> None:
-    """Run an rq worker for bulk jobs (any number, on any host that reaches the Redis)."""
+@settings_command(JobsWorkerSettings, handed_down=JOBS_WORKER_SETTINGS_ENV)
+def worker(settings: JobsWorkerSettings) -> None:
+    """Run an rq worker for bulk jobs (any number, on any host that reaches the Redis).
+
+    A bulk job cut short by --drain-timeout-s is resumed by another rq worker.
+    """
     from sluice.workers.bulk import MAINTENANCE_S, BulkWorker, QuietMaintenance
 
+    level = settings.log_level.upper()
     logging.basicConfig(
-        level=log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
+        level=level, format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s"
     )
     logging.getLogger("rq.worker").addFilter(QuietMaintenance())
-    connection = _connect(redis_url)
+    connection = _connect(settings.redis_url)
     rq_worker = BulkWorker(
         [bulk_queue(connection)],
         connection=connection,
         serializer=bulk_queue(connection).serializer,
         maintenance_interval=MAINTENANCE_S,
     )
-    rq_worker.drain = DrainDeadline(drain_timeout, "bulk worker", rq_worker.in_hand)
-    rq_worker.work(burst=burst, with_scheduler=False, logging_level=log_level.upper())
+    rq_worker.drain = DrainDeadline(settings.drain_timeout_s, "bulk worker", rq_worker.in_hand)
+    rq_worker.work(burst=settings.burst, with_scheduler=False, logging_level=level)

@@ -103,13 +103,22 @@ def shown_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def check_redis_url(url: str, option: str = "--redis-url") -> None:
-    """A URL of a scheme sluice knows. gateway and worker check no more: they wait for a Redis
-    that is not up yet (as through an outage), so a fleet starts in any order."""
+def unknown_scheme(url: str) -> str | None:
+    """What is wrong with a Redis URL's scheme, if anything. gateway and worker check no more:
+    they wait for a Redis that is not up yet (as through an outage), so a fleet starts in any
+    order."""
     scheme = urlsplit(url).scheme
-    if scheme not in REDIS_SCHEMES:
-        known = ", ".join(f"{s}://" for s in REDIS_SCHEMES)
-        raise StartupError(f"{option} {shown_url(url)}: unknown scheme {scheme!r} (use {known})")
+    if scheme in REDIS_SCHEMES:
+        return None
+    known = ", ".join(f"{s}://" for s in REDIS_SCHEMES)
+    return f"unknown scheme {scheme!r} (use {known})"
+
+
+def check_redis_url(url: str, option: str = "--redis-url") -> None:
+    """A URL of a scheme sluice knows."""
+    problem = unknown_scheme(url)
+    if problem:
+        raise StartupError(f"{option} {shown_url(url)}: {problem}")
 
 
 def check_redis(url: str, option: str = "--redis-url") -> None:

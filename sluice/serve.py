@@ -2,29 +2,31 @@
 
 Workers run as child processes that die with this one; a worker that exits unexpectedly is
 started again. SIGINT/SIGTERM stop the gateway (in-flight requests answered), then the
-workers (batches in hand finished), then the embedded Redis, all within --drain-timeout:
-requests still in flight then get a 503, and children still draining get SIGKILL.
+workers (batches in hand finished), then the embedded Redis, all within --drain-timeout-s:
+requests still in flight then get a 503, and children still draining get SIGKILL. Each child
+is a plain `sluice worker` (or `sluice jobs worker`) that reads the settings serve hands it
+as JSON in one environment variable.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
+import orjson
 import uvloop
 
 from sluice import runtime_file
 from sluice.embedded_redis import EmbeddedRedis, die_with_parent
 from sluice.gateway.server import GatewayConfig, serve_gateway
-from sluice.shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DrainDeadline, on_stop_signals
+from sluice.options import Settings
+from sluice.settings import JOBS_WORKER_SETTINGS_ENV, WORKER_SETTINGS_ENV, ServeSettings
+from sluice.shared.drain_deadline import DrainDeadline, on_stop_signals
 from sluice.shared.redis_client import split_cluster_flag
 
 log = logging.getLogger("sluice.serve")
@@ -36,41 +38,13 @@ RESTART_DELAY_S = 1.0
 KILL_MARGIN_S = 1.0
 
 
-@dataclass(frozen=True, slots=True)
-class ServeConfig:
-    model_repository: Path
-    gateway: GatewayConfig
-    workers: int = 1
-    embedded_redis: bool = False
-    #: extra `sluice worker` options (recovery settings) passed to every worker.
-    worker_args: tuple[str, ...] = ()
-    #: rq workers running bulk jobs (`sluice jobs worker`).
-    bulk_workers: int = 1
-    #: the log level of every process serve starts.
-    log_level: str = "info"
-    #: seconds from a stop signal until every process serve started has exited.
-    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+WORKER_ARGV = [*SLUICE, "worker"]
+JOBS_WORKER_ARGV = [*SLUICE, "jobs", "worker"]
 
 
-def worker_argv(repository: Path, redis_url: str, extra: tuple[str, ...] = ()) -> list[str]:
-    return [
-        *SLUICE,
-        "worker",
-        "--model-repository",
-        str(repository),
-        "--redis-url",
-        redis_url,
-        *extra,
-    ]
-
-
-def bulk_worker_argv(
-    redis_url: str, log_level: str, drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
-) -> list[str]:
-    return [
-        *(*SLUICE, "jobs", "worker", "--redis-url", redis_url, "--log-level", log_level),
-        *("--drain-timeout", f"{drain_timeout_s:g}"),
-    ]
+def handed_down(variable: str, settings: Settings) -> dict[str, str]:
+    """The environment of a child that reads `settings` from `variable`."""
+    return {**os.environ, variable: orjson.dumps(settings.to_json_dict()).decode()}
 
 
 class WorkerPool:
@@ -80,9 +54,10 @@ class WorkerPool:
     the processes stop in serve's order (gateway first) rather than all at once.
     """
 
-    def __init__(self, count: int, argv: list[str]) -> None:
+    def __init__(self, count: int, argv: list[str], env: dict[str, str]) -> None:
         self.count = count
         self.argv = argv
+        self.env = env
         self.processes: dict[int, asyncio.subprocess.Process] = {}
         self.stopping = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -93,7 +68,7 @@ class WorkerPool:
     async def _keep(self, slot: int) -> None:
         while not self.stopping:
             process = await asyncio.create_subprocess_exec(
-                *self.argv, preexec_fn=die_with_parent, start_new_session=True
+                *self.argv, env=self.env, preexec_fn=die_with_parent, start_new_session=True
             )
             self.processes[slot] = process
             code = await process.wait()
@@ -108,7 +83,7 @@ class WorkerPool:
         return [p.pid for p in list(self.processes.values()) if p.returncode is None]
 
     async def stop(self, kill_at: float) -> None:
-        """SIGTERM every process (each drains within its own --drain-timeout); SIGKILL those
+        """SIGTERM every process (each drains within its own --drain-timeout-s); SIGKILL those
         still running at `kill_at` (event-loop time)."""
         self.stopping = True
         loop = asyncio.get_running_loop()
@@ -134,21 +109,16 @@ class WorkerPool:
                 os.kill(pid, signal.SIGKILL)
 
 
-async def _serve(config: ServeConfig) -> None:
-    redis_url = config.gateway.redis_url
-    drain_s = config.drain_timeout_s
-    worker_extra = ("--log-level", config.log_level, "--drain-timeout", f"{drain_s:g}")
-    pools = [
-        WorkerPool(
-            config.workers,
-            worker_argv(config.model_repository, redis_url, (*config.worker_args, *worker_extra)),
-        ),
-    ]
+async def _serve(settings: ServeSettings, gateway: GatewayConfig) -> None:
+    redis_url = gateway.redis_url
+    drain_s = settings.drain_timeout_s
+    workers = handed_down(WORKER_SETTINGS_ENV, settings.worker_settings(redis_url))
+    pools = [WorkerPool(settings.workers, WORKER_ARGV, workers)]
     if split_cluster_flag(redis_url)[1]:
         log.warning("bulk jobs are off: rq needs a Redis that is not a cluster")
     else:
-        argv = bulk_worker_argv(redis_url, config.log_level, drain_s)
-        pools.append(WorkerPool(config.bulk_workers, argv))
+        jobs = handed_down(JOBS_WORKER_SETTINGS_ENV, settings.jobs_worker_settings(redis_url))
+        pools.append(WorkerPool(settings.bulk_workers, JOBS_WORKER_ARGV, jobs))
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     stop_at: list[float] = []
@@ -172,15 +142,13 @@ async def _serve(config: ServeConfig) -> None:
     on_stop_signals(deadline, loop, on_stop)
     for pool in pools:
         pool.start()
-    host, port = config.gateway.host, config.gateway.http_port
+    host, port = gateway.host, gateway.http_port
 
     def announce() -> None:
-        log.info(
-            "sluice ready: http://%s:%d (metrics on :%d)", host, port, config.gateway.metrics_port
-        )
+        log.info("sluice ready: http://%s:%d (metrics on :%d)", host, port, gateway.metrics_port)
 
     try:
-        await serve_gateway(config.gateway, on_ready=announce, stop=stop)
+        await serve_gateway(gateway, on_ready=announce, stop=stop)
     finally:
         kill_at = (stop_at[0] if stop_at else loop.time()) + drain_s + KILL_MARGIN_S
         await asyncio.gather(*(pool.stop(kill_at) for pool in pools))
@@ -202,15 +170,13 @@ def _announce_locally(gateway: GatewayConfig) -> None:
         log.warning("sluice status will need --redis-url: no runtime file (%s)", exc)
 
 
-def run_serve(config: ServeConfig) -> None:
+def run_serve(settings: ServeSettings) -> None:
     with contextlib.ExitStack() as stack:
-        if config.embedded_redis:
-            redis_server = stack.enter_context(EmbeddedRedis())
-            log.info("embedded Redis at %s", redis_server.url)
-            gateway = dataclasses.replace(config.gateway, redis_url=redis_server.url)
-            config = dataclasses.replace(config, gateway=gateway)
-        gateway = dataclasses.replace(config.gateway, graceful_shutdown_s=config.drain_timeout_s)
-        config = dataclasses.replace(config, gateway=gateway)
+        redis_url = settings.redis_url
+        if redis_url is None:
+            redis_url = stack.enter_context(EmbeddedRedis()).url
+            log.info("embedded Redis at %s", redis_url)
+        gateway = settings.gateway_config(redis_url)
         stack.callback(runtime_file.remove)
-        _announce_locally(config.gateway)
-        uvloop.run(_serve(config))
+        _announce_locally(gateway)
+        uvloop.run(_serve(settings, gateway))

@@ -17,7 +17,7 @@ from sluice.bench.loadgen import BenchError, BenchResult, LevelResult, bench, er
 from sluice.bench.payload import InputSpec, encode_infer, input_specs, make_array
 from sluice.bench.report import batch_buckets, table, to_json, write_plot
 from sluice.bench.server_stats import ServerTotals, model_totals, split
-from sluice.bench.settings import BenchSettings, Target, parse_levels, parse_url
+from sluice.bench.settings import BenchSettings, parse_levels, parse_url
 from sluice.bench.stats import (
     Latency,
     Measurement,
@@ -304,7 +304,7 @@ def test_parse_url_and_levels() -> None:
 
 
 def _result() -> BenchResult:
-    settings = BenchSettings(Target("h", 1, "m", auth_token="secret"), "concurrency", (4,))
+    settings = BenchSettings(url="h:1", model="m", auth_token="secret", concurrency=(4,))
     sample = WindowSample(1.0, 0.05, [1000, 2000], {}, _totals(2, 10, {2: 1}))
     m = measure([sample], 1)
     return BenchResult(settings, [InputSpec("x", "FP32", (1, 3))], [LevelResult(4, True, [m], m)])
@@ -386,14 +386,13 @@ def test_cli_sweeps_concurrency_against_sluice(service: Service, tmp_path: Path)
 
 
 async def test_open_loop_json_tensors_against_sluice(service: Service) -> None:
-    host, port = parse_url(service.http_url)
     settings = BenchSettings(
-        Target(host, port, "nobatch"),
-        "request_rate",
-        (40.0,),
+        url=service.http_url,
+        model="nobatch",
+        request_rate=(40.0,),
         distribution="poisson",
         binary=False,
-        window_s=0.25,
+        window_ms=250,
         max_trials=3,
         warmup_s=0,
     )
@@ -407,7 +406,6 @@ async def test_open_loop_json_tensors_against_sluice(service: Service) -> None:
 
 
 async def test_unknown_model_is_a_clear_error(service: Service) -> None:
-    host, port = parse_url(service.http_url)
-    settings = BenchSettings(Target(host, port, "no_such_model"), "concurrency", (1,))
+    settings = BenchSettings(url=service.http_url, model="no_such_model", concurrency=(1,))
     with pytest.raises(BenchError, match="HTTP 400"):
         await bench(settings, lambda *_: None)

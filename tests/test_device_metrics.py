@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+import orjson
 from sluice.gateway.device_families import device_families
 from sluice.gateway.triton_exposition import write
 from sluice.shared import keys
@@ -28,6 +29,7 @@ from sluice.workers.device_sampler import (
     open_nvml,
 )
 
+from sluice.settings import WORKER_SETTINGS_ENV
 from tests.conftest import start_service, stop_service, wait_until
 
 GPU_A = "GPU-00000000-1111-2222-3333-444444444444"
@@ -196,6 +198,15 @@ def _children(pid: int) -> list[int]:
     return [int(child) for child in text.split()]
 
 
+def _handed_down_settings(pid: int, variable: str) -> dict[str, Any]:
+    """The settings serve handed to its child `pid` (empty for other children)."""
+    prefix = f"{variable}=".encode()
+    for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+        if item.startswith(prefix):
+            return dict(orjson.loads(item.removeprefix(prefix)))
+    return {}
+
+
 def test_worker_heartbeat_carries_cpu_samples_and_gateway_exports_them(
     model_repo: Path, redis_url: str
 ) -> None:
@@ -218,11 +229,11 @@ def test_worker_heartbeat_carries_cpu_samples_and_gateway_exports_them(
             return False
 
         wait_until(heartbeat_has_samples, "a worker heartbeat with CPU samples")
-        worker_args = [
-            Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        handed = [
+            _handed_down_settings(pid, WORKER_SETTINGS_ENV)
             for pid in _children(service.process.pid)
         ]
-        assert any(b"--metrics-interval-ms" in a and b"100" in a for a in worker_args)
+        assert any(h.get("metrics_interval_ms") == 100 for h in handed)
         total = sampled["info"][INFO_KEY]["cpu"]["nv_cpu_memory_total_bytes"]
         assert sampled["info"][INFO_KEY]["gpus"] == {}
         url = f"http://{service.metrics_url}/metrics"

@@ -9,9 +9,11 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
 import tritonclient.http as httpclient
 
+from sluice.settings import JOBS_WORKER_SETTINGS_ENV, WORKER_SETTINGS_ENV
 from tests.conftest import free_port, start_service, stop_service, wait_until
 from tests.process_tree import alive, descendants
 
@@ -71,3 +73,47 @@ def test_serve_log_level_applies_to_every_process_it_starts(model_repo: Path) ->
         output, _ = process.communicate(timeout=60)
     assert process.returncode == 0
     assert not [line for line in output.splitlines() if " INFO " in line]
+
+
+def _handed_down(pid: int, variable: str) -> dict[str, object] | None:
+    prefix = f"{variable}=".encode()
+    for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+        if item.startswith(prefix):
+            return dict(orjson.loads(item.removeprefix(prefix)))
+    return None
+
+
+def test_serve_hands_its_children_settings_not_options(model_repo: Path) -> None:
+    service = start_service(
+        [
+            *("--model-repository", str(model_repo), "--batch-delay", "adaptive"),
+            *("--idle-poll-us", "0", "--claim-idle-ms", "5000", "--drain-timeout-s", "7"),
+        ]
+    )
+    try:
+        commands = {
+            pid: Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1:-1]
+            for pid in descendants(service.process.pid)
+        }
+        (worker,) = [pid for pid, argv in commands.items() if argv[2:3] == [b"worker"]]
+        (jobs,) = [pid for pid, argv in commands.items() if argv[2:3] == [b"jobs"]]
+        assert commands[worker] == [b"-m", b"sluice", b"worker"]  # a plain worker, no options
+        settings = _handed_down(worker, WORKER_SETTINGS_ENV)
+        assert settings is not None
+        assert settings["batch_delay"] == "adaptive" and settings["idle_poll_us"] == 0
+        assert settings["claim_idle_ms"] == 5000 and settings["drain_timeout_s"] == 7.0
+        assert settings["model_repository"] == str(model_repo)
+        assert str(settings["redis_url"]).startswith(("redis://", "unix://"))  # the embedded one
+        assert commands[jobs] == [b"-m", b"sluice", b"jobs", b"worker"]
+        jobs_settings = _handed_down(jobs, JOBS_WORKER_SETTINGS_ENV)
+        assert jobs_settings == {
+            "redis_url": settings["redis_url"],
+            "burst": False,
+            "log_level": "info",
+            "drain_timeout_s": 7.0,
+        }
+        # the worker runs on what it was handed: it serves the repository it was not told on
+        # its command line
+        np.testing.assert_array_equal(_infer_ones(service.http_url), np.ones((1, 4)) * 2)
+    finally:
+        stop_service(service)

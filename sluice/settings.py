@@ -1,0 +1,252 @@
+"""The settings of each role sluice runs, built once from options and environment.
+
+`sluice gateway` takes GatewaySettings, `sluice worker` WorkerSettings, `sluice serve`
+ServeSettings (the gateway's and the workers' options together) and `sluice jobs worker`
+JobsWorkerSettings. serve hands each child its settings as JSON in one environment variable.
+The gateway's and the worker's own config types are built here, and nowhere else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import MISSING, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from sluice.options import Settings, at_least, option, port, positive
+from sluice.preflight import shown_url, unknown_scheme
+from sluice.shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DRAIN_TIMEOUT_HELP
+from sluice.shared.idle_poll import DEFAULT_WINDOW_US
+
+if TYPE_CHECKING:
+    from sluice.gateway.server import GatewayConfig
+    from sluice.workers.worker import WorkerConfig
+
+#: the environment variables through which serve hands its children their settings.
+WORKER_SETTINGS_ENV = "SLUICE_WORKER_SETTINGS"
+JOBS_WORKER_SETTINGS_ENV = "SLUICE_JOBS_WORKER_SETTINGS"
+
+LogLevel = Literal["debug", "info", "warning", "error"]
+BatchDelay = Literal["fixed", "adaptive"]
+
+REDIS_URL_HELP = (
+    "Redis to queue on (redis://, rediss://, unix://, redis+sentinel://h1:p1,h2:p2/<master>)."
+)
+
+
+def redis_url(help: str, default: Any = MISSING) -> Any:
+    """The --redis-url option; required unless given a default."""
+    return option(default, help=help, check=unknown_scheme, shown=shown_url)
+
+
+def comma_list(text: str) -> tuple[str, ...] | None:
+    """`a, b` -> ("a", "b"); an empty list is None (every model)."""
+    return tuple(m.strip() for m in text.split(",") if m.strip()) or None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProcessSettings(Settings):
+    """What every long-running sluice process takes."""
+
+    log_level: LogLevel = option("info", help="Log level.")
+    drain_timeout_s: float = option(
+        DEFAULT_DRAIN_TIMEOUT_S, help=DRAIN_TIMEOUT_HELP, old="--drain-timeout", check=at_least(0)
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class IdlePolling(Settings):
+    """Both a gateway and a worker poll for a while after work at low load."""
+
+    idle_poll_us: int = option(
+        DEFAULT_WINDOW_US,
+        help="Microseconds a gateway with one request in flight, or a worker after a batch run "
+        "at low load, keeps polling before it sleeps: saves CPU wake-ups on a lone request's "
+        "path where idle CPUs halt (VMs), at the cost of CPU at low load only. 0: sleep at once.",
+        check=at_least(0),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatewayOptions(ProcessSettings, IdlePolling):
+    """A gateway's options but its Redis, which serve may start itself."""
+
+    host: str = option("127.0.0.1", help="Address the HTTP ports bind to.")
+    http_port: int = option(8000, help="KServe v2 HTTP port.", check=port)
+    metrics_port: int = option(8002, help="Prometheus /metrics port.", check=port)
+    request_timeout_s: float = option(
+        300.0,
+        help="Seconds a request may wait for its result before a 503.",
+        old="--request-timeout",
+        check=positive,
+    )
+    max_body_bytes: int = option(
+        64 << 20,
+        help="Largest accepted request body, as sent and once gzip/deflate is inflated (else 413).",
+        check=at_least(1),
+    )
+    auth_token: str | None = option(
+        None, help="Require 'Authorization: Bearer <token>' on every request but the health probes."
+    )
+    job_ttl_s: int = option(
+        3600,
+        help="Seconds an asynchronous job and its result are kept (POST .../jobs).",
+        old="--job-ttl",
+        check=at_least(1),
+    )
+    redis_outage_grace_s: float = option(
+        15.0,
+        help="Seconds the gateway holds requests while Redis is unreachable (restart, failover) "
+        "and sends them once it is back; past this a request gets a 503 with Retry-After.",
+        old="--redis-outage-grace",
+        check=at_least(0),
+    )
+    max_held_bytes: int = option(
+        256 << 20,
+        help="Request payload the gateway holds at most while Redis is unreachable; a request "
+        "beyond it gets a 503 with Retry-After at once.",
+        check=at_least(0),
+    )
+
+    def gateway_config(self, redis_url: str) -> GatewayConfig:
+        from sluice.gateway.app import GatewayLimits
+        from sluice.gateway.outage import OutagePolicy
+        from sluice.gateway.server import GatewayConfig
+
+        return GatewayConfig(
+            redis_url=redis_url,
+            host=self.host,
+            http_port=self.http_port,
+            metrics_port=self.metrics_port,
+            limits=GatewayLimits(
+                max_body_bytes=self.max_body_bytes,
+                request_timeout_s=self.request_timeout_s,
+                auth_token=self.auth_token,
+                job_ttl_s=self.job_ttl_s,
+            ),
+            graceful_shutdown_s=self.drain_timeout_s,
+            idle_poll_us=self.idle_poll_us,
+            outage=OutagePolicy(
+                grace_s=self.redis_outage_grace_s, max_held_bytes=self.max_held_bytes
+            ),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatewaySettings(GatewayOptions):
+    """`sluice gateway`: one stateless gateway against a shared Redis."""
+
+    redis_url: str = redis_url("Redis the workers queue on.")
+
+    def config(self) -> GatewayConfig:
+        return self.gateway_config(self.redis_url)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchingOptions(ProcessSettings, IdlePolling):
+    """How workers batch and recover, the same for every worker serve starts."""
+
+    model_repository: Path = option(
+        help="Triton model repository: <dir>/<model>/config.pbtxt and <N>/ folders."
+    )
+    claim_idle_ms: int = option(
+        10_000,
+        help="A request held this long by a worker that stopped refreshing it (crashed) is taken "
+        "over by another worker.",
+        check=at_least(100),
+    )
+    max_deliveries: int = option(
+        3,
+        help="A request delivered more often than this (it kept killing workers) fails with an "
+        "error and moves to the model's dead-letter stream.",
+        check=at_least(1),
+    )
+    batch_delay: BatchDelay = option(
+        "fixed",
+        help="Batching delay of models whose config sets no BATCH_DELAY parameter: 'fixed' waits "
+        "max_queue_delay_microseconds out as Triton does; 'adaptive' sends a partial batch at "
+        "once while the model's requests arrive further apart than its delay.",
+    )
+    metrics_interval_ms: int = option(
+        2000,
+        help="How often workers sample their host's CPU and memory and their GPUs (NVML) for the "
+        "nv_cpu_* / nv_gpu_* metrics, as Triton's option of that name.",
+        check=at_least(100),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerSettings(BatchingOptions):
+    """`sluice worker`: one worker process serving the repository's models."""
+
+    redis_url: str = redis_url("Redis the gateways queue on.")
+    models: tuple[str, ...] | None = option(
+        None,
+        help="Comma-separated models to serve (default: every model in the repository).",
+        parse=comma_list,
+    )
+    health_port: int | None = option(
+        None,
+        help="Serve GET /v2/health/live and /v2/health/ready (for orchestrator probes) here.",
+        check=port,
+    )
+    host: str = option("127.0.0.1", help="Address the health port binds to.")
+
+    def config(self) -> WorkerConfig:
+        from sluice.workers.recovery import RecoveryPolicy
+        from sluice.workers.worker import WorkerConfig
+
+        return WorkerConfig(
+            model_repository=self.model_repository,
+            redis_url=self.redis_url,
+            models=self.models,
+            recovery=RecoveryPolicy(
+                claim_idle_ms=self.claim_idle_ms, max_deliveries=self.max_deliveries
+            ),
+            health_port=self.health_port,
+            health_host=self.host,
+            idle_poll_us=self.idle_poll_us,
+            metrics_interval_ms=self.metrics_interval_ms,
+            batch_delay=self.batch_delay,
+            drain_timeout_s=self.drain_timeout_s,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobsWorkerSettings(ProcessSettings):
+    """`sluice jobs worker`: an rq worker running bulk jobs."""
+
+    redis_url: str | None = redis_url(
+        "Redis the fleet queues on (default: that of the sluice serve running on this machine).",
+        None,
+    )
+    burst: bool = option(False, help="Exit once the queue is empty.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeSettings(GatewayOptions, BatchingOptions):
+    """`sluice serve`: Redis (if needed), workers and a gateway in one command."""
+
+    redis_url: str | None = redis_url(
+        REDIS_URL_HELP + " serve starts a private embedded Redis when omitted.", None
+    )
+    workers: int = option(
+        1, help="Worker processes to run (each serves every model).", check=at_least(1)
+    )
+    bulk_workers: int = option(
+        1,
+        help="rq workers running bulk jobs (sluice jobs submit, POST .../bulk).",
+        check=at_least(0),
+    )
+
+    def worker_settings(self, redis_url: str) -> WorkerSettings:
+        """What every worker serve starts runs with (no probe port: serve's gateway is one)."""
+        return WorkerSettings(**_values(self, BatchingOptions), redis_url=redis_url)
+
+    def jobs_worker_settings(self, redis_url: str) -> JobsWorkerSettings:
+        return JobsWorkerSettings(**_values(self, ProcessSettings), redis_url=redis_url)
+
+
+def _values(settings: Settings, part: type[Settings]) -> dict[str, Any]:
+    """The values of the fields `settings` shares with its base class `part`."""
+    return {f.name: getattr(settings, f.name) for f in dataclasses.fields(part)}
