@@ -354,7 +354,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=200, help="requests before chaos starts")
     parser.add_argument("--timeout", type=float, default=120.0, help="per-request client timeout")
     parser.add_argument(
-        "--server-request-timeout", type=float, default=None, help="serve --request-timeout"
+        "--server-request-timeout", type=float, default=None, help="serve --request-timeout-s"
     )
     parser.add_argument("--http-port", type=int, default=0)
     parser.add_argument("--metrics-port", type=int, default=0)

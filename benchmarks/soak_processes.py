@@ -50,7 +50,7 @@ class Serve:
             str(self.metrics_port),
         ]
         if args.server_request_timeout is not None:
-            argv += ["--request-timeout", str(args.server_request_timeout)]
+            argv += ["--request-timeout-s", str(args.server_request_timeout)]
         self.log: list[str] = []
         self.ready = threading.Event()
         self.process = subprocess.Popen(

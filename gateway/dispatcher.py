@@ -268,7 +268,7 @@ class Dispatcher:
                 self._fail(
                     self._held.expire(now),
                     f"queue unavailable: Redis unreachable for {grace_s:g} s"
-                    " (--redis-outage-grace)",
+                    " (--redis-outage-grace-s)",
                     RETRY_AFTER_S,
                 )
                 outage = self._outage_since
@@ -276,7 +276,7 @@ class Dispatcher:
                     inflight_failed = True
                     self._fail_sent(
                         f"queue unavailable: Redis unreachable for {grace_s:g} s"
-                        " before this request was answered (--redis-outage-grace)"
+                        " before this request was answered (--redis-outage-grace-s)"
                     )
                 try:
                     await self._sends.call("PING")

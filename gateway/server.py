@@ -42,7 +42,7 @@ class GatewayConfig:
     http_port: int = 8000
     metrics_port: int = 8002
     limits: GatewayLimits = field(default_factory=GatewayLimits)
-    #: seconds to answer in-flight requests after a stop signal (--drain-timeout); those
+    #: seconds to answer in-flight requests after a stop signal (--drain-timeout-s); those
     #: still waiting then get a 503, and a gateway on its own exits by this deadline.
     graceful_shutdown_s: float = DEFAULT_DRAIN_TIMEOUT_S
     #: microseconds to keep polling with one request in flight (0: sleep at once).

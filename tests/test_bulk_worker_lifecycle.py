@@ -57,7 +57,7 @@ def test_a_worker_stopped_mid_job_exits_at_its_deadline(tmp_path: Path, redis_ur
     model_worker = start_sluice(
         "worker", ["--model-repository", str(repo), "--redis-url", redis_url], ready="ready on"
     )
-    args = ["--redis-url", redis_url, "--drain-timeout", str(DRAIN_S)]
+    args = ["--redis-url", redis_url, "--drain-timeout-s", str(DRAIN_S)]
     rq_worker = start_sluice("jobs", ["worker", *args], ready="Listening on")
     client = redis.Redis.from_url(redis_url)
     try:

@@ -173,7 +173,7 @@ async def test_a_request_held_past_the_grace_gets_503_with_retry_after(
         with pytest.raises(Unavailable) as error:
             await asyncio.wait_for(task, 30)
         assert error.value.retry_after_s == RETRY_AFTER_S
-        assert "--redis-outage-grace" in error.value.message
+        assert "--redis-outage-grace-s" in error.value.message
     assert dispatcher.waiting == {}
 
 
@@ -260,7 +260,7 @@ def test_clients_get_503_with_retry_after_past_the_grace_or_the_cap(
     service = start_service(
         [
             *("--model-repository", str(model_repo), "--redis-url", server.url),
-            *("--bulk-workers", "0", "--redis-outage-grace", "1", "--max-held-bytes", "100"),
+            *("--bulk-workers", "0", "--redis-outage-grace-s", "1", "--max-held-bytes", "100"),
         ]
     )
     try:

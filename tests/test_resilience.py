@@ -82,7 +82,7 @@ def test_redis_outage_past_the_grace_gives_503_and_service_resumes(
     model_repo: Path, persistent_redis: EmbeddedRedis
 ) -> None:
     url = persistent_redis.url
-    worker, gateway = _worker(model_repo, url), _gateway(url, "--redis-outage-grace", "1")
+    worker, gateway = _worker(model_repo, url), _gateway(url, "--redis-outage-grace-s", "1")
     client = httpclient.InferenceServerClient(gateway.http_url, network_timeout=20)
     try:
         _check(_infer(client, 1.0), 1.0)

@@ -1,5 +1,5 @@
 """Bounded shutdown: SIGTERM under load, and a drain that cannot finish, end within
---drain-timeout; requests sent before the signal get an answer or a clear error.
+--drain-timeout-s; requests sent before the signal get an answer or a clear error.
 
 What is guaranteed: a request whose bytes reached the gateway before its stop signal is
 answered, with its result or with a JSON error (a 503 once the drain timeout is up); the
@@ -119,11 +119,11 @@ def _signal_under_load(rng: random.Random, service: Service, gateway: Service, w
 
 def _worker(repo: Path, redis_url: str, *extra: str, env: dict[str, str] | None = None) -> Service:
     args = ["--model-repository", str(repo), "--redis-url", redis_url, *extra]
-    return start_sluice("worker", [*args, "--drain-timeout", str(DRAIN_S)], env, "ready on")
+    return start_sluice("worker", [*args, "--drain-timeout-s", str(DRAIN_S)], env, "ready on")
 
 
 def _gateway(redis_url: str) -> Service:
-    return start_sluice("gateway", ["--redis-url", redis_url, "--drain-timeout", str(DRAIN_S)])
+    return start_sluice("gateway", ["--redis-url", redis_url, "--drain-timeout-s", str(DRAIN_S)])
 
 
 @pytest.fixture
@@ -147,7 +147,7 @@ def test_sigterm_at_random_moments_of_a_c64_load_ends_in_time_and_answers_all(
         if kind == "serve":
             args = ["--model-repository", str(affine_repo), "--bulk-workers", "0"]
             env = {"XDG_RUNTIME_DIR": str(tmp_path)}
-            serve = start_service([*args, "--drain-timeout", str(DRAIN_S)], env)
+            serve = start_service([*args, "--drain-timeout-s", str(DRAIN_S)], env)
             _signal_under_load(rng, serve, serve, "serve")
             continue
         _signal_under_load(rng, fleet[kind], fleet["gateway"], kind)
@@ -179,7 +179,7 @@ def test_serve_with_a_stuck_model_answers_503_and_ends_its_tree_in_time(tmp_path
     marker = tmp_path / "running"
     env = {"STUCK_MARKER": str(marker), "XDG_RUNTIME_DIR": str(tmp_path)}
     args = ["--model-repository", str(repo), "--bulk-workers", "0"]
-    serve = start_service([*args, "--drain-timeout", str(DRAIN_S)], env)
+    serve = start_service([*args, "--drain-timeout-s", str(DRAIN_S)], env)
     answers: list[tuple[int, bytes]] = []
     body = b'{"inputs": [{"name": "IN", "shape": [1, 1], "datatype": "INT64", "data": [1]}]}'
     url = f"http://{serve.http_url}/v2/models/stuck/infer"
@@ -207,7 +207,7 @@ def test_serve_with_a_stuck_model_answers_503_and_ends_its_tree_in_time(tmp_path
 def test_a_second_signal_ends_a_stuck_worker_at_once(tmp_path: Path, redis_url: str) -> None:
     repo = write_python_model(tmp_path / "repo", "stuck", int_model_config("stuck"), STUCK_MODEL)
     marker = tmp_path / "running"
-    args = ["--model-repository", str(repo), "--redis-url", redis_url, "--drain-timeout", "600"]
+    args = ["--model-repository", str(repo), "--redis-url", redis_url, "--drain-timeout-s", "600"]
     worker = start_sluice("worker", args, {"STUCK_MARKER": str(marker)}, "ready on")
     client = redis.Redis.from_url(redis_url)
     client.xadd(keys.request_stream("stuck"), encode_requests([int_request(1, "replies")]))
