@@ -35,8 +35,10 @@ log = logging.getLogger(__name__)
 ANSWER_S = 1.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GatewayConfig:
+    """Built from the command line's settings in one place (sluice.settings)."""
+
     redis_url: str
     host: str = "127.0.0.1"
     http_port: int = 8000

@@ -42,8 +42,10 @@ log = logging.getLogger(__name__)
 Loaded = tuple[ModelEntry, dict[int, list[Infer]], torch.device]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerConfig:
+    """Built from the command line's settings in one place (sluice.settings)."""
+
     model_repository: Path
     redis_url: str
     #: serve only these models (None: every model in the repository).
