@@ -19,6 +19,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import redis.asyncio as aioredis
 from sluice.gateway.outage import RETRY_AFTER_S, HeldRequests, OutagePolicy
@@ -52,7 +53,7 @@ class Route:
     max_queue_size: int = 0
 
 
-def _ignore_failure(task: asyncio.Future[object]) -> None:
+def _ignore_failure(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()
 

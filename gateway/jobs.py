@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 import redis.asyncio as aioredis
+from redis.typing import EncodableT, FieldT
 from sluice.gateway.dispatcher import Route
 from sluice.gateway.outage import RETRY_AFTER_S
 from sluice.shared import keys
@@ -31,6 +32,8 @@ from sluice.shared.protocol import (
 from sluice.shared.redis_client import REDIS_ERRORS
 
 MAX_WAIT_S = 60.0
+#: a job stream's entries as XRANGE gives them (replies are never decoded)
+Entries = list[tuple[bytes, dict[bytes, bytes]]]
 
 
 def new_job_id(client_id: str | None) -> str:
@@ -81,7 +84,8 @@ class JobStore:
                     await self.redis.delete(request.reply_to)
                     raise Unavailable(queue_full(request.id))
             else:
-                await self.redis.xadd(keys.request_stream(route.model, route.level), entry)
+                stream = keys.request_stream(route.model, route.level)
+                await self.redis.xadd(stream, cast("dict[FieldT, EncodableT]", entry))
             await self.redis.publish(keys.job_channel(request.id), job_event(request.id, "queued"))
         except REDIS_ERRORS as exc:
             raise Unavailable(f"queue unavailable: {exc}", RETRY_AFTER_S) from None
@@ -90,10 +94,10 @@ class JobStore:
     async def get(self, job_id: str, wait_s: float = 0.0) -> Job | None:
         stream = keys.job_stream(job_id)
         try:
-            entries = await self.redis.xrange(stream, count=2)
+            entries = cast(Entries, await self.redis.xrange(stream, count=2))
             if len(entries) == 1 and wait_s > 0:
                 await self.waiter.xread({stream: entries[0][0]}, block=int(wait_s * 1000))
-                entries = await self.redis.xrange(stream, count=2)
+                entries = cast(Entries, await self.redis.xrange(stream, count=2))
         except REDIS_ERRORS as exc:
             raise Unavailable(f"queue unavailable: {exc}", RETRY_AFTER_S) from None
         if not entries or b"m" not in entries[0][1]:

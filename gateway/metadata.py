@@ -52,7 +52,8 @@ def model_metadata(view: ModelView, version: int | None) -> dict[str, Any]:
 def repository_index(models: dict[str, ModelView]) -> list[dict[str, Any]]:
     index = []
     for view in sorted(models.values(), key=lambda v: v.name):
-        for version in sorted(view.versions) or [None]:
+        versions: list[int | None] = [*sorted(view.versions)] or [None]
+        for version in versions:
             ready = version in view.ready_versions
             index.append(
                 {

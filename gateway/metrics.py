@@ -114,8 +114,8 @@ def _failures(stats: dict[tuple[str, str], VersionStats], gateway: dict[bytes, b
     for field, value in gateway.items():
         model, version, reason = field.decode().rsplit(":", 2)
         totals[(model, version, reason)] += int(value)
-    for (model, version, reason), value in sorted(totals.items()):
-        family.add({"model": model, "version": version, "reason": reason}, value)
+    for (model, version, reason), count in sorted(totals.items()):
+        family.add({"model": model, "version": version, "reason": reason}, count)
     return family
 
 
@@ -134,7 +134,7 @@ def _batch_histogram(stats: dict[tuple[str, str], VersionStats]) -> HistogramMet
 
 
 def _latency_histograms(stats: dict[tuple[str, str], VersionStats]) -> list[Metric]:
-    families = []
+    families: list[Metric] = []
     for name, doc, prefix, field in (
         ("sluice_queue_duration_seconds", "Time requests waited in the queue", "hq", "queue_ns"),
         ("sluice_request_duration_seconds", "Time from enqueue to answer", "hr", "success_ns"),
@@ -239,7 +239,7 @@ async def render(redis: aioredis.Redis, table: ModelTable) -> bytes:
     metrics += await _stream_gauges(redis, table)
     metrics += _recovery_counters(names, raws)
     registry = CollectorRegistry()
-    registry.register(_Snapshot(metrics))  # type: ignore[arg-type]
+    registry.register(_Snapshot(metrics))
     return write([*nv, *device_families(table.members)]) + generate_latest(registry)
 
 

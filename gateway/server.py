@@ -11,9 +11,9 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sluice.gateway.app import GatewayApp, GatewayLimits
+from sluice.gateway.app import GatewayApp
 from sluice.gateway.bulk_api import BulkApi
-from sluice.gateway.core import GatewayCore
+from sluice.gateway.core import GatewayCore, GatewayLimits
 from sluice.gateway.dispatcher import Dispatcher
 from sluice.gateway.job_operations import JobOperations
 from sluice.gateway.jobs import JobStore

@@ -37,7 +37,7 @@ class HttpRequest:
 @dataclass(slots=True)
 class HttpResponse:
     status: int
-    body: bytes | list[bytes | memoryview] = b""
+    body: bytes | list[bytes | bytearray | memoryview] = b""
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     #: a body written piece by piece as it is produced (server-sent events); the
     #: connection closes after it.

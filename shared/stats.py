@@ -240,7 +240,7 @@ class VersionStats:
         return self.counters.get(name, 0)
 
 
-def parse_stats(raw: Mapping[bytes | str, bytes | str]) -> dict[int, VersionStats]:
+def parse_stats(raw: Mapping[bytes, bytes] | Mapping[str, str]) -> dict[int, VersionStats]:
     """Group a stats hash by version."""
     out: dict[int, VersionStats] = defaultdict(VersionStats)
     for key, value in raw.items():

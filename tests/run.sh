@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 .venv/bin/python -m pip install -q -e ".[test]"
 .venv/bin/python examples/build_models.py
 .venv/bin/ruff check .
-bash tests/typecheck.sh sluice.shared sluice.client
+bash tests/typecheck.sh
 .venv/bin/python -m pytest "$@"
 SLUICE_TEST_CLUSTER=1 .venv/bin/python -m pytest "$@" \
   tests/test_e2e_tritonclient.py tests/test_jobs.py tests/test_client_sdk.py \

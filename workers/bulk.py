@@ -13,14 +13,15 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 import orjson
 import redis
+from redis.typing import EncodableT, FieldT
 from rq import SimpleWorker, get_current_job
 from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
@@ -83,7 +84,7 @@ class BulkSpec:
 
     @classmethod
     def load(cls, connection: redis.Redis, bulk_id: str) -> BulkSpec:
-        raw = connection.hgetall(keys.bulk_key(bulk_id, "spec"))
+        raw = cast("dict[bytes, bytes]", connection.hgetall(keys.bulk_key(bulk_id, "spec")))
         if not raw:
             raise LookupError(f"bulk job '{bulk_id}' has expired")
         return cls(
@@ -132,9 +133,8 @@ class BulkFeeder:
             RELEASE_LEASE.run(self.redis, [self.spec.key("lease")], [self.owner])
 
     def _run(self) -> dict[str, int | str]:
-        items = read_items(
-            self.redis.get(self.spec.key("input")) or b"", self.spec.format, self.spec.signature
-        )
+        data = cast("bytes | None", self.redis.get(self.spec.key("input")))
+        items = read_items(data or b"", self.spec.format, self.spec.signature)
         self.done = {int(i) for i in self.redis.hkeys(self.spec.key("results"))}
         self.failed = int(self.redis.scard(self.spec.key("failed")))
         self.fed = int(self.redis.get(keys.bulk_fed(self.spec.model, self.spec.id)) or 0)
@@ -193,7 +193,8 @@ class BulkFeeder:
         stream = keys.request_stream(self.spec.model, self.spec.level)
         pipe = self.redis.pipeline(transaction=True)  # one slot: the model's
         for start in range(0, len(requests), self.per_entry):
-            pipe.xadd(stream, encode_requests(requests[start : start + self.per_entry]))
+            entry = encode_requests(requests[start : start + self.per_entry])
+            pipe.xadd(stream, cast("dict[FieldT, EncodableT]", entry))
         if self.spec.counted:
             pipe.hincrby(keys.queue_sizes(self.spec.model), str(self.spec.level), len(requests))
         pipe.set(keys.bulk_fed(self.spec.model, self.spec.id), end, ex=self.spec.ttl_s)
@@ -204,7 +205,7 @@ class BulkFeeder:
         read = self.redis.xread({self.replies: last_id}, count=READ_COUNT, block=READ_BLOCK_MS)
         if not read:
             return last_id
-        ((_, entries),) = read
+        ((_, entries),) = cast("list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]]", read)
         answers: dict[int, bytes] = {}
         failed: list[int] = []
         for _, fields in entries:
@@ -218,7 +219,7 @@ class BulkFeeder:
                     failed.append(index)
         pipe = self.redis.pipeline(transaction=True)  # one slot: the bulk job's
         if answers:
-            pipe.hset(self.spec.key("results"), mapping=answers)
+            pipe.hset(self.spec.key("results"), mapping=cast("Mapping[FieldT, bytes]", answers))
             pipe.expire(self.spec.key("results"), self.spec.ttl_s)
         if failed:
             pipe.sadd(self.spec.key("failed"), *failed)
@@ -240,7 +241,8 @@ class BulkFeeder:
         results = []
         for start in range(0, self.spec.total, 1024):
             indices = range(start, min(self.spec.total, start + 1024))
-            for raw in self.redis.hmget(self.spec.key("results"), list(indices)):
+            stored = self.redis.hmget(self.spec.key("results"), list(indices))
+            for raw in cast("list[bytes]", stored):
                 head, data = msgpack.unpackb(raw)
                 results.append(decode_results({b"h": head, b"d": data})[0])
         output = write_output(
@@ -277,7 +279,7 @@ class BulkWorker(SimpleWorker):
         return MAINTENANCE_S  # an idle worker wakes up this often to look for orphans
 
     def run_maintenance_tasks(self) -> None:
-        super().run_maintenance_tasks()
+        super().run_maintenance_tasks()  # type: ignore[no-untyped-call]  # rq's, unannotated
         requeue_orphans(self.connection)
 
     def execute_job(self, job: Job, queue: Any) -> Any:
@@ -290,7 +292,7 @@ class BulkWorker(SimpleWorker):
     def request_stop(self, signum: int, frame: FrameType | None) -> None:
         if self.drain is not None:
             self.drain.signal()
-        super().request_stop(signum, frame)
+        super().request_stop(signum, frame)  # type: ignore[no-untyped-call]  # rq's, unannotated
 
     def request_force_stop(self, signum: int, frame: FrameType | None) -> None:
         if self.drain is not None:

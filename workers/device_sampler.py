@@ -158,7 +158,9 @@ def open_nvml(uuids: list[str]) -> GpuSampler | None:
     try:
         import pynvml
     except ImportError:
-        log.warning("GPU metrics off: nvidia-ml-py is not installed (pip install 'sluice[gpu]')")
+        log.warning(
+            "GPU metrics off: nvidia-ml-py is not installed (pip install 'sluice-serve[gpu]')"
+        )
         return None
     try:
         pynvml.nvmlInit()

@@ -143,7 +143,7 @@ def _tensor(name: str, datatype: str, array: np.ndarray) -> Tensor:
     if datatype == "BYTES":
         data: bytes | memoryview = serialize_bytes_elements(array.reshape(-1).tolist())
     else:
-        data = memoryview(array.reshape(-1).view(np.uint8))
+        data = array.reshape(-1).view(np.uint8).data
     return Tensor(name, datatype, tuple(array.shape), data)
 
 

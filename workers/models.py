@@ -79,7 +79,8 @@ _INDEXED = re.compile(r"^.+__(\d+)$")
 def _argument_order(module: torch.jit.ScriptModule, names: list[str], path: Path) -> list[str]:
     """Bind config inputs to forward() positions: by argument name, then `NAME__i`, then order."""
     try:
-        params = [a.name for a in module.forward.schema.arguments[1:]]
+        schema = module.forward.schema  # type: ignore[attr-defined]  # a ScriptMethod's, untyped
+        params = [a.name for a in schema.arguments[1:]]
     except AttributeError:
         params = []
     if params and sorted(params) == sorted(names):
@@ -135,4 +136,5 @@ def _load_python(
         instance = model_class(context)
     except Exception as exc:  # user code
         raise ModelConfigError(f"{path}: Model() failed: {exc!r}") from exc
-    return instance.infer
+    infer: Infer = instance.infer
+    return infer

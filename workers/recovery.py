@@ -12,8 +12,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import redis.asyncio as aioredis
+from redis.typing import EncodableT, FieldT
 from sluice.shared import keys
 from sluice.shared.lua import Lua
 from sluice.shared.protocol import Request, encode_requests
@@ -102,7 +104,7 @@ class Recovery:
             count=len(ids) * 4,
             consumername=self.consumer,
         )
-        deliveries = {p["message_id"]: p["times_delivered"] for p in pending}
+        deliveries = {p["message_id"]: p["times_delivered"] for p in cast("list[Any]", pending)}
         return [
             Claimed(entry_id, fields or None, deliveries.get(entry_id, 2))
             for entry_id, fields in entries
@@ -130,7 +132,8 @@ class Recovery:
                 b"last_consumer": self.consumer.encode(),
             }
         )
-        await self.redis.xadd(self.dead_stream, fields, maxlen=DEAD_LETTER_MAXLEN, approximate=True)
+        dead = cast("dict[FieldT, EncodableT]", fields)
+        await self.redis.xadd(self.dead_stream, dead, maxlen=DEAD_LETTER_MAXLEN, approximate=True)
         await self.redis.hincrby(keys.model_stats(self.model), DEAD_LETTERED, 1)
         log.error("%s: entry %r dead-lettered: %s", self.model, claimed.entry_id, reason)
 
