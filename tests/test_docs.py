@@ -29,6 +29,7 @@ _CODE = re.compile(r"`([^`\n]+)`")
 _FOLDERS = "gateway|workers|shared|sluice|tests|benchmarks|deploy|examples|docs"
 _REPO_PATH = re.compile(rf"^(?:{_FOLDERS})/")
 _OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+_VARIABLE = re.compile(r"\bSLUICE_[A-Z0-9_]*[A-Z0-9]\b")
 
 
 def _slug(heading: str) -> str:
@@ -43,19 +44,33 @@ def _anchors(page: Path) -> set[str]:
     return {_slug(m) for m in re.findall(r"^#{1,6} (.+)$", text, re.M)}
 
 
-def _cli_options() -> set[str]:
-    found: set[str] = set()
+def _cli_options(hidden: bool) -> tuple[set[str], set[str]]:
+    """The `--options` and `SLUICE_` variables of every sluice command: the ones --help shows,
+    or the hidden former spellings."""
+    flags: set[str] = set()
+    variables: set[str] = set()
 
     def walk(command: click.Command) -> None:
         for param in command.params:
-            if isinstance(param, click.Option):
-                found.update(o for o in (*param.opts, *param.secondary_opts) if o.startswith("--"))
+            if isinstance(param, click.Option) and param.hidden == hidden:
+                flags.update(o for o in (*param.opts, *param.secondary_opts) if o.startswith("--"))
+                if isinstance(param.envvar, str):
+                    variables.add(param.envvar)
         if isinstance(command, click.Group):
             for sub in command.commands.values():
                 walk(sub)
 
     walk(cli)
-    return found
+    return flags, variables
+
+
+def _source_file_names() -> set[str]:
+    return {
+        path.name
+        for folder in _FOLDERS.split("|")
+        for path in (ROOT / folder).rglob("*.py")
+        if ".venv" not in path.parts
+    }
 
 
 def _resolves(name: str) -> bool:
@@ -94,25 +109,42 @@ def test_links_lead_to_a_file_and_heading(page: Path) -> None:
     assert not broken, f"{page.name}: {broken}"
 
 
+def _missing(word: str, source_files: set[str]) -> bool:
+    """Whether a word in backticks names a path, module or source file the repository lacks."""
+    if _REPO_PATH.match(word) and not re.search(r"[<>{}*$]", word):
+        return not (ROOT / word.rstrip(":,")).exists()
+    if re.fullmatch(r"sluice(\.\w+)+", word):
+        return not _resolves(word)
+    if re.fullmatch(r"\w+\.py", word):
+        return word not in source_files
+    return False
+
+
 @pytest.mark.parametrize("page", PAGES[:-1], ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_named_paths_and_modules_exist(page: Path) -> None:
     """In the README and docs/ (RESULTS.md's dated log names the code as it was then)."""
-    missing = []
-    for code in _CODE.findall(page.read_text()):
-        word = code.split()[0] if code.split() else code
-        if _REPO_PATH.match(word) and not re.search(r"[<>{}*$]", word):
-            if not (ROOT / word.rstrip(":,")).exists():
-                missing.append(word)
-        elif re.fullmatch(r"sluice(\.\w+)+", word) and not _resolves(word):
-            missing.append(word)
+    source_files = _source_file_names()
+    words = [code.split()[0] for code in _CODE.findall(page.read_text()) if code.split()]
+    missing = [word for word in words if _missing(word, source_files)]
     assert not missing, f"{page.name}: {missing}"
 
 
 @pytest.mark.parametrize("page", PAGES[:-1], ids=lambda p: p.relative_to(ROOT).as_posix())
-def test_documented_options_exist(page: Path) -> None:
-    known = _cli_options() | FOREIGN_OPTIONS
-    unknown = sorted(set(_OPTION.findall(page.read_text())) - known)
-    assert not unknown, f"{page.name} names options sluice does not have: {unknown}"
+def test_documented_options_are_current(page: Path) -> None:
+    """Options and variables as --help shows them; a hidden former spelling only where the
+    paragraph says it is one."""
+    flags, variables = _cli_options(hidden=False)
+    former_flags, former_variables = _cli_options(hidden=True)
+    wrong = []
+    for paragraph in page.read_text().split("\n\n"):
+        former_ok = "former spelling" in paragraph
+        for flag in set(_OPTION.findall(paragraph)) - flags - FOREIGN_OPTIONS:
+            if not (former_ok and flag in former_flags):
+                wrong.append(flag)
+        for variable in set(_VARIABLE.findall(paragraph)) - variables:
+            if not (former_ok and variable in former_variables):
+                wrong.append(variable)
+    assert not wrong, f"{page.name} names options sluice does not show: {sorted(wrong)}"
 
 
 def test_the_checks_catch_what_they_are_for() -> None:
@@ -121,4 +153,8 @@ def test_the_checks_catch_what_they_are_for() -> None:
     assert _slug("Fleet, 2026-11-29 (x86_64, `a.py`)") == "fleet-2026-11-29-x86_64-apy"
     assert _resolves("sluice.shared.keys.request_stream")
     assert not _resolves("sluice.shared.keys.no_such_name")
-    assert "--redis-url" in _cli_options()
+    assert {"--redis-url", "--drain-timeout-s"} <= _cli_options(hidden=False)[0]
+    assert "--drain-timeout" in _cli_options(hidden=True)[0]
+    assert "SLUICE_REDIS_URL" in _cli_options(hidden=False)[1]
+    assert _missing("routing.py", set()) and not _missing("routing.py", {"routing.py"})
+    assert _missing("shared/no_such_module.py", set())
