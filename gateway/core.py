@@ -54,7 +54,7 @@ class InferInput(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one is built per request, and a frozen init costs more
 class RestInfer:
     """A KServe v2 REST infer body: JSON, or a JSON header then binary tensors."""
 

@@ -4,7 +4,9 @@
 Patterns are matched against the path without its outer slashes. `{name}` is one path
 segment (possibly empty), passed to the endpoint by name; a trailing `/**` takes any further
 segments, which the endpoint ignores. Routes are tried in order, so put the busiest first and
-catch-alls last; a route whose methods do not include the request's is skipped.
+catch-alls last; a route whose methods do not include the request's is skipped. What a method
+and path matched is remembered (a dict lookup instead of the patterns on the hot path), so
+endpoints must not change the parameters they are given.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ from dataclasses import dataclass, field
 from sluice.shared.http_messages import HttpRequest, HttpResponse
 
 Endpoint = Callable[[HttpRequest, dict[str, str]], Awaitable[HttpResponse]]
+Match = tuple[Endpoint, dict[str, str]]
 _PARAMETER = re.compile(r"\{(\w+)\}")
+#: distinct method and path pairs remembered at most (paths are the clients' to choose).
+MAX_REMEMBERED = 1024
 
 
 def _compile(pattern: str) -> re.Pattern[str]:
@@ -44,9 +49,21 @@ class Route:
 class Router:
     def __init__(self, routes: Sequence[Route]) -> None:
         self.routes = tuple(routes)
+        self._remembered: dict[tuple[str, str], Match | None] = {}
 
-    def match(self, method: str, path: str) -> tuple[Endpoint, dict[str, str]] | None:
+    def match(self, method: str, path: str) -> Match | None:
         """The first route for `method` whose pattern matches `path`, with its parameters."""
+        key = (method, path)
+        try:
+            return self._remembered[key]
+        except KeyError:
+            pass
+        if len(self._remembered) >= MAX_REMEMBERED:
+            self._remembered.clear()
+        found = self._remembered[key] = self._search(method, path)
+        return found
+
+    def _search(self, method: str, path: str) -> Match | None:
         subject = path.strip("/")
         for route in self.routes:
             if route.methods is not None and method not in route.methods:

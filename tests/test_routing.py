@@ -9,7 +9,7 @@ import pytest
 import redis
 from sluice.gateway.app import http_error
 from sluice.gateway.outage import RETRY_AFTER_S
-from sluice.gateway.routing import Endpoint, Route, Router
+from sluice.gateway.routing import MAX_REMEMBERED, Endpoint, Route, Router
 from sluice.shared.errors import Conflict, InvalidInput, Unavailable, UnknownRoute
 from sluice.shared.http_messages import HttpRequest, HttpResponse
 
@@ -91,3 +91,13 @@ async def test_redis_away_is_a_503_with_retry_after_and_a_bug_a_500() -> None:
     assert dict(away.headers)[b"retry-after"] == b"%d" % RETRY_AFTER_S
     bug = http_error(ValueError("x"), _request())
     assert (bug.status, _body(bug)) == (500, {"error": "internal error: ValueError('x')"})
+
+
+def test_what_is_remembered_stays_bounded_and_answers_alike() -> None:
+    router = Router(ROUTER.routes)
+    for i in range(MAX_REMEMBERED + 10):
+        assert router.match("GET", f"/v2/models/m{i}") == (META, {"model": f"m{i}"})
+    assert len(router._remembered) <= MAX_REMEMBERED
+    assert router.match("GET", "/v2/models/m3") == (META, {"model": "m3"})
+    assert router.match("GET", "/v2/nothing") is None
+    assert router.match("GET", "/v2/nothing") is None
