@@ -15,7 +15,8 @@ import typing
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar, get_args, get_origin
+from types import NoneType, UnionType
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 #: the key of a field's `Option` in its dataclass metadata.
 OPTION = "sluice.option"
@@ -108,13 +109,18 @@ def choices(hint: Any) -> tuple[Any, ...] | None:
     return get_args(literal[0]) if literal else None
 
 
+def optional(hint: Any) -> bool:
+    """Whether an annotation allows None (`int | None`)."""
+    return get_origin(hint) in (Union, UnionType) and NoneType in get_args(hint)
+
+
 def base_type(hint: Any) -> Any:
     """`int | None` -> int; `tuple[int, ...]` -> tuple; `Literal[...]` -> str."""
     if choices(hint) is not None:
         return str
-    kinds = [a for a in get_args(hint) if a is not type(None)] or [hint]
-    origin = get_origin(kinds[0])
-    return origin if origin is not None else kinds[0]
+    if optional(hint):
+        hint = next(a for a in get_args(hint) if a is not NoneType)
+    return get_origin(hint) or hint
 
 
 def _jsonable(value: Any) -> Any:
@@ -130,8 +136,10 @@ class Settings:
     def __post_init__(self) -> None:
         hints = typing.get_type_hints(type(self))
         for field in option_fields(type(self)):
-            value = getattr(self, field.name)
+            value, flag = getattr(self, field.name), flag_of(field)
             if value is None:
+                if not optional(hints[field.name]):
+                    raise SettingsError(flag, f"{flag}: required")
                 continue
             spec: Option = field.metadata[OPTION]
             allowed = choices(hints[field.name])
@@ -140,7 +148,6 @@ class Settings:
             else:
                 problem = spec.check(value) if spec.check else None
             if problem:
-                flag = flag_of(field)
                 raise SettingsError(flag, f"{flag} {spec.shown(value)}: {problem}")
 
     def to_json_dict(self) -> dict[str, Any]:

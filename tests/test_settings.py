@@ -55,6 +55,7 @@ def _worker(**changes: Any) -> WorkerSettings:
             lambda: GatewaySettings(redis_url="http://u:secret@h:1"),
             "--redis-url http://u:***@h:1: unknown scheme 'http'",
         ),
+        (lambda: GatewaySettings(redis_url=None), "--redis-url: required"),
         (lambda: _worker(claim_idle_ms=99), "--claim-idle-ms 99: must be at least 100"),
         (lambda: _worker(max_deliveries=0), "--max-deliveries 0: "),
         (lambda: _worker(batch_delay="soon"), "--batch-delay soon: must be one of fixed, adaptive"),
