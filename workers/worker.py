@@ -237,10 +237,10 @@ class Worker:
         """What a cut-short drain leaves: the requests stay pending in their streams, where
         another worker takes them over after --claim-idle-ms."""
         busy = [
-            f"{q.spec.name}: {q.spec.instance_count - len(q.free_lanes)} batches running, "
-            f"{len(q.pending)} requests waiting"
+            f"{q.spec.name}: {q.state.busy_lanes} batches running, "
+            f"{len(q.state.pending)} requests waiting"
             for q in self.queues
-            if q.pending or len(q.free_lanes) < q.spec.instance_count
+            if q.state.in_hand
         ]
         if not busy:
             return ""

@@ -1,0 +1,108 @@
+"""Answering one model's requests: a batch's run is awaited, its results published and acked.
+
+Every answer goes out on a task of its own, so the batch loop never waits for Redis. Under
+load a lane is freed as soon as its run ends, before its answers are encoded and written, so
+the next batch's run overlaps them. A batch run on the loop's own thread had nothing else in
+hand: it is answered, its statistics with it, before the reader's next read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Coroutine, Sequence
+from typing import Any
+
+from sluice.shared.errors import SluiceError
+from sluice.shared.idle_poll import IdlePoll
+from sluice.shared.protocol import Request, Result
+from sluice.shared.stats import BatchStats, failure_increments
+from sluice.workers.execution import BatchOutputs
+from sluice.workers.instances import Instances
+from sluice.workers.pending import Queued
+from sluice.workers.publisher import Publisher
+from sluice.workers.queue_state import Launch, QueueState
+
+
+class Answering:
+    """Publishes one model queue's results; owns the tasks that do it."""
+
+    def __init__(
+        self, publisher: Publisher, instances: Instances, state: QueueState, idle_poll: IdlePoll
+    ) -> None:
+        self.publisher = publisher
+        self.instances = instances
+        self.state = state
+        self.idle_poll = idle_poll
+        self._tasks: set[asyncio.Future[None]] = set()
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def drain(self) -> None:
+        """Wait for every answer still being written (failures are the tasks' own)."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def drop_cancelled(self, item: Queued) -> None:
+        error = ("CANCELLED", "Request was cancelled: the client disconnected")
+        await self.publisher.publish(
+            [item],
+            [Result(item.request.id, error=error)],
+            failure_increments(item.request.version, "CANCELED", 1),
+        )
+
+    async def reject(self, rejected: Sequence[tuple[Queued, Result]]) -> None:
+        if rejected:
+            await self.publisher.publish([q for q, _ in rejected], [r for _, r in rejected])
+
+    async def expire(self, expired: Sequence[tuple[Queued, SluiceError, str]]) -> None:
+        for item, error, reason in expired:
+            result = Result(item.request.id, error=(error.code, error.message))
+            await self.publisher.publish(
+                [item], [result], failure_increments(item.request.version, reason, 1)
+            )
+
+    def start(self, launch: Launch) -> None:
+        """Start the batch on its lane's thread within the batch loop's turn (or run it right
+        here when `launch.inline`), and answer it on a task of its own."""
+        started = time.time_ns()
+        requests = [q.request for q in launch.batch]
+        sizes = [q.pending.batch_size for q in launch.batch]
+        running = self.instances.start(launch.lane, requests, sizes, here=launch.inline)
+        self.spawn(self._answer(launch, requests, sizes, started, running))
+
+    async def _answer(
+        self,
+        launch: Launch,
+        requests: list[Request],
+        sizes: list[int],
+        started: int,
+        running: asyncio.Future[BatchOutputs],
+    ) -> None:
+        lane, inline = launch.lane, launch.inline
+        stats = BatchStats(requests[0].version, sum(sizes), started // 1_000_000)
+        stats.queue_samples_ns = [max(0, started - r.enqueue_ns) for r in requests]
+        results = await self.instances.run_isolating(lane, requests, sizes, stats, running)
+        failed = sum(r.error is not None for r in results)
+        stats.requests_ok, stats.requests_failed = len(results) - failed, failed
+        finished = time.time_ns()
+        stats.request_samples_ns = [max(0, finished - r.enqueue_ns) for r in requests]
+        if not inline:
+            # the instance is free now: let the batch loop start the next batch before this
+            # one's answers are encoded and written, which then overlap the next run
+            self.state.batch_finished(lane)
+            await asyncio.sleep(0)
+        # statistics are summed over a short while when more work is in hand
+        in_hand = not inline and self.state.in_hand
+        try:
+            await self.publisher.publish(
+                launch.batch, results, stats.increments(), defer_statistics=in_hand
+            )
+        finally:
+            if inline:
+                self.state.inline_answered(lane)
+                self.idle_poll.arm()
+        self.state.results_published()

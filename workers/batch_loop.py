@@ -1,0 +1,58 @@
+"""Forming one model's batches: judge what is in hand, launch a batch or sleep until due.
+
+The decision is `QueueState.decide` (the pure `next_batch`, after Triton's GetDynamicBatch);
+this loop does the waiting: exactly as long as it says, or until the next request times out,
+or until a request arrives or a lane frees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from sluice.workers.answering import Answering
+from sluice.workers.batcher import Send
+from sluice.workers.instances import Instances
+from sluice.workers.queue_state import QueueState
+from sluice.workers.reader import StreamReader
+
+
+class BatchLoop:
+    """Launches one model's batches until it is stopping and nothing is left in hand."""
+
+    def __init__(
+        self,
+        state: QueueState,
+        instances: Instances,
+        reader: StreamReader,
+        answering: Answering,
+    ) -> None:
+        self.state = state
+        self.instances = instances
+        self.reader = reader
+        self.answering = answering
+
+    async def run(self) -> None:
+        state = self.state
+        while not state.finished:
+            if not state.may_launch:
+                state.wake.clear()
+                await state.wake.wait()
+                continue
+            count = state.catch_up_count()
+            if count:
+                await self.reader.catch_up(count)
+            now = time.time_ns()
+            await self.answering.expire(state.expired(now))
+            if not state.pending:
+                continue
+            decision = state.decide(now)
+            if isinstance(decision, Send):
+                launch = state.batch_launched(decision.indices, self.instances.last_run_ns)
+                self.answering.start(launch)
+                continue
+            state.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                wait_s = decision.ns / 1e9 if decision.ns else None
+                await asyncio.wait_for(state.wake.wait(), wait_s)
