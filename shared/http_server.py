@@ -216,9 +216,10 @@ class _Connection(asyncio.Protocol):
     def _arm(self, delay_s: float, message: str | None) -> None:
         """Set the connection's deadline: an incomplete request or an idle connection.
 
-        This runs three times per request, where a new timer each time cost ~10 us: instead
-        one timer checks the latest deadline, waking at least once per shortest timeout so
-        that no deadline set meanwhile is checked late.
+        This runs three times per request, where a new timer each time showed in the profile
+        (benchmarks/RESULTS.md, 2026-11-30): instead one timer checks the latest deadline,
+        waking at least once per shortest timeout so that no deadline set meanwhile is checked
+        late.
         """
         self.deadline = self.loop.time() + delay_s
         self.deadline_message = message
