@@ -1,6 +1,6 @@
 """Bulk jobs: a file of inputs run through a model by an rq job, results kept in input order.
 
-Submitting stores the file and the job's spec in Redis and enqueues `workers.bulk.run_bulk`
+Submitting stores the file and the job's spec in Redis and enqueues `sluice.workers.bulk.run_bulk`
 on rq's `sluice-bulk` queue with rq's JSON serializer (no pickle). The job feeds the items onto
 the model's stream as ordinary requests, so the fleet's workers batch them with everything
 else, and collects the answers; any process that reaches the Redis (CLI, gateway) reads the

@@ -1,6 +1,6 @@
 """What gateways and the SDK share about asynchronous jobs: id rules and the Lua scripts.
 
-A job is one Redis stream (`shared.keys.job_stream`): a metadata entry, then the result
+A job is one Redis stream (`sluice.shared.keys.job_stream`): a metadata entry, then the result
 entry a worker appends when it answers the job's request.
 """
 

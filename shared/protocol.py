@@ -68,7 +68,7 @@ class Request:
 class Result:
     id: str
     outputs: list[Tensor] = field(default_factory=list)
-    #: (error code, message) when the request failed; see shared.errors.
+    #: (error code, message) when the request failed; see sluice.shared.errors.
     error: tuple[str, str] | None = None
 
 

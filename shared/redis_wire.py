@@ -9,7 +9,7 @@ transport: it writes the RESP that `pack` makes and hiredis parses the replies a
 in the transport's callback, straight into the waiting call, which spares the client CPU of
 redis-py's own read path. Replies come as hiredis gives them: XREAD's is a map under RESP3
 (`stream_entries` reads both forms) and stream fields are flat [name, value, ...] lists, which
-`shared.protocol` reads too. A cluster client has no single connection to send on, so there a
+`sluice.shared.protocol` reads too. A cluster client has no single connection to send on, so there a
 Wire goes through the client, which routes each command by its key. On a Sentinel-managed
 client, redis-py's connection asks the sentinels for the master when it connects, so a Wire
 follows a failover by reconnecting.

@@ -2,7 +2,7 @@
 
 Each instance (a lane) runs on a thread of its own, so the worker's event loop keeps reading
 and publishing while the model runs; a batch may also run right on the loop when nothing
-else could use it meanwhile (see `workers.batcher.runs_inline`). When the model raises on a
+else could use it meanwhile (see `sluice.workers.batcher.runs_inline`). When the model raises on a
 batch, the halves are run again until only the request that fails is answered with the
 error.
 
