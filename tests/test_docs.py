@@ -21,8 +21,15 @@ README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "RESULTS.md"]
 README_MAX_LINES = 250
 
-#: options of other tools the docs show next to sluice's (docker, curl, perf_analyzer).
-FOREIGN_OPTIONS = {"--build", "--data-binary", "--concurrency-range", "--collect-metrics", "--help"}
+#: options of other tools the docs show next to sluice's (docker, curl, perf_analyzer, mypy).
+FOREIGN_OPTIONS = {
+    "--build",
+    "--data-binary",
+    "--concurrency-range",
+    "--collect-metrics",
+    "--help",
+    "--strict",
+}
 
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 _CODE = re.compile(r"`([^`\n]+)`")
