@@ -110,14 +110,22 @@ def medians(rows: list[dict]) -> Table:
                 "p50_ms": statistics.median(r["p50_ms"] for r, _ in runs),
                 "p99_ms": statistics.median(r["p99_ms"] for r, _ in runs),
                 "gateway_cpu_us": statistics.median(r["gateway_cpu_us"] for r, _ in runs),
-                "throughput_vs_own": _median([r["throughput"] / o["throughput"] for r, o in pairs]),
-                "p50_minus_own_ms": _median([r["p50_ms"] - o["p50_ms"] for r, o in pairs]),
+                **_spread(
+                    "throughput_vs_own", [r["throughput"] / o["throughput"] for r, o in pairs]
+                ),
+                **_spread("p50_minus_own_ms", [r["p50_ms"] - o["p50_ms"] for r, o in pairs]),
+                **_spread(
+                    "cpu_vs_own", [r["gateway_cpu_us"] / o["gateway_cpu_us"] for r, o in pairs]
+                ),
             }
     return table
 
 
-def _median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
+def _spread(name: str, values: list[float]) -> dict[str, float]:
+    """The median of `values` as `name`, and their lowest and highest (the noise)."""
+    if not values:
+        return {name: float("nan"), f"{name}_lo": float("nan"), f"{name}_hi": float("nan")}
+    return {name: statistics.median(values), f"{name}_lo": min(values), f"{name}_hi": max(values)}
 
 
 def decision(table: Table) -> str:
@@ -140,10 +148,11 @@ def decision(table: Table) -> str:
 def report(table: Table, rounds: int) -> str:
     lines = [
         f"Gateway HTTP servers, reference MLP, one worker, perf_analyzer; medians of {rounds} "
-        "rounds (order rotated); against own: median of the same round's ratio or difference",
+        "rounds (order rotated); against own: median (lowest, highest) of the same round's "
+        "ratio or difference",
         "",
         "| server | c=1 p50 ms | c=1 p99 ms | c=1 infer/s | c=64 infer/s | c=64 p99 ms | "
-        "c=64 infer/s / own | c=1 p50 - own ms | gateway CPU us/infer c=1 / c=64 |",
+        "c=64 infer/s / own | c=1 p50 - own ms | c=64 gateway CPU us/infer (/ own) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for server in SERVERS:
@@ -158,12 +167,17 @@ def report(table: Table, rounds: int) -> str:
             f"{one['throughput']:,.0f}",
             f"{many['throughput']:,.0f}",
             f"{many['p99_ms']:.1f}",
-            f"{many['throughput_vs_own']:.2f}",
-            f"{one['p50_minus_own_ms']:+.2f}",
-            f"{one['gateway_cpu_us']:.0f} / {many['gateway_cpu_us']:.0f}",
+            _cell(many, "throughput_vs_own", "{:.2f}"),
+            _cell(one, "p50_minus_own_ms", "{:+.2f}"),
+            f"{many['gateway_cpu_us']:.0f} ({many['cpu_vs_own']:.2f})",
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join([*lines, "", "Decision: " + decision(table)]) + "\n"
+
+
+def _cell(figures: dict[str, float], name: str, form: str) -> str:
+    low, high = form.format(figures[f"{name}_lo"]), form.format(figures[f"{name}_hi"])
+    return f"{form.format(figures[name])} ({low}, {high})"
 
 
 def main() -> None:
