@@ -188,7 +188,26 @@ class GranianServer:
             log_level=LogLevels.warning,
         )
         self._task = asyncio.create_task(self._server.serve())
-        await asyncio.sleep(0)  # binds on its first step
+        await self._until_listening(host, port)
+
+    async def _until_listening(self, host: str, port: int, timeout_s: float = 10.0) -> None:
+        """granian binds on a thread of its own and says nothing when it has: connect until
+        it answers (or its task ends, which re-raises why)."""
+        assert self._task is not None
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            if self._task.done():
+                self._task.result()
+                raise RuntimeError("granian stopped before it listened")
+            try:
+                _, writer = await asyncio.open_connection(host, port)
+            except OSError:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.sleep(0.01)
+                continue
+            writer.close()
+            return
 
     async def shutdown(self, timeout_s: float, *_: object) -> None:
         if self._server is None or self._task is None:
