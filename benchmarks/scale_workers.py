@@ -57,11 +57,11 @@ REDIS_PORT = 16391
 #: a level with small batches, so that the per-batch / per-request fit sees both ends
 LOW_CONCURRENCY = 8
 IDLE_S = 3.0
-#: commands only run inside the batch script here; their time is already in EVALSHA's
+#: commands only run inside the batch script here; their time is already in EVAL's
 NESTED = frozenset({"hincrby", "hget", "xack", "xdel"})
 #: commands on the model's keys; the rest is the reply stream (XREAD, XTRIM, half of XADD:
 #: see shard_split) and fleet-wide keys (heartbeats)
-MODEL_SIDE = frozenset({"evalsha", "xreadgroup", "xautoclaim", "xclaim", "script"})
+MODEL_SIDE = frozenset({"eval", "evalsha", "xreadgroup", "xautoclaim", "xclaim", "script"})
 
 
 @dataclass(frozen=True, slots=True)
