@@ -6,7 +6,7 @@ given `url` (redis+sentinel://) ask them where the master is on every new connec
 
 from __future__ import annotations
 
-import os
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -127,9 +127,7 @@ class EmbeddedSentinelSet:
                 process.kill()
         self.replica.stop()
         self.master.stop()
-        for name in os.listdir(self._dir):
-            os.unlink(os.path.join(self._dir, name))
-        os.rmdir(self._dir)
+        shutil.rmtree(self._dir, ignore_errors=True)
 
     def __enter__(self) -> EmbeddedSentinelSet:
         return self.start()

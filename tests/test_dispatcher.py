@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -14,18 +16,29 @@ from sluice.shared.protocol import Request, Result, Tensor, decode_requests, enc
 from sluice.shared.redis_client import async_client
 
 
+@contextlib.asynccontextmanager
+async def reading_dispatcher(
+    url: str, gateway_id: str, **options: Any
+) -> AsyncIterator[Dispatcher]:
+    """A dispatcher on `url` with its reply reader running, for the block."""
+    redis = async_client(url)
+    reader = async_client(url, socket_timeout_s=None)
+    d = Dispatcher(redis, reader, gateway_id, **options)
+    task = asyncio.create_task(d.read_replies())
+    try:
+        yield d
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await d.close()
+        await redis.aclose()
+        await reader.aclose()
+
+
 @pytest.fixture
 async def dispatcher(redis_url: str) -> AsyncIterator[Dispatcher]:
-    redis = async_client(redis_url)
-    reader = async_client(redis_url, socket_timeout_s=None)
-    d = Dispatcher(redis, reader, "gw-test")
-    task = asyncio.create_task(d.read_replies())
-    yield d
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    await d.close()
-    await redis.aclose()
-    await reader.aclose()
+    async with reading_dispatcher(redis_url, "gw-test") as d:
+        yield d
 
 
 def _request(d: Dispatcher) -> Request:

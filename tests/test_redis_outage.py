@@ -30,6 +30,7 @@ from sluice.workers.publisher import Publisher
 
 from sluice.embedded_redis import EmbeddedRedis
 from tests.conftest import free_port, needs_single_redis, start_service, stop_service, wait_until
+from tests.test_dispatcher import reading_dispatcher
 
 pytestmark = needs_single_redis
 
@@ -37,12 +38,15 @@ GRACE_S = 15.0
 
 
 class Clock:
-    """The dispatcher's clock, moved by the test."""
+    """The dispatcher's clock, moved by the test; `reads` counts its readings (each retry
+    round while Redis is away takes one)."""
 
     def __init__(self) -> None:
         self.now = 1000.0
+        self.reads = 0
 
     def __call__(self) -> float:
+        self.reads += 1
         return self.now
 
 
@@ -60,18 +64,9 @@ def clock() -> Clock:
 
 @pytest.fixture
 async def dispatcher(server: EmbeddedRedis, clock: Clock) -> AsyncIterator[Dispatcher]:
-    redis = async_client(server.url)
-    reader = async_client(server.url, socket_timeout_s=None)
-    d = Dispatcher(
-        redis, reader, "gw-outage", outage=OutagePolicy(GRACE_S, max_held_bytes=64), clock=clock
-    )
-    task = asyncio.create_task(d.read_replies())
-    yield d
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    await d.close()
-    await redis.aclose()
-    await reader.aclose()
+    policy = OutagePolicy(GRACE_S, max_held_bytes=64)
+    async with reading_dispatcher(server.url, "gw-outage", outage=policy, clock=clock) as d:
+        yield d
 
 
 def _request(d: Dispatcher, size: int = 4) -> Request:
@@ -166,7 +161,8 @@ async def test_a_request_held_past_the_grace_gets_503_with_retry_after(
     held = asyncio.create_task(dispatcher.submit(Route("m"), _request(dispatcher), 60))
     await _until(lambda: len(dispatcher._held) == 1, "the request to be held")
     clock.now += GRACE_S - 1
-    await asyncio.sleep(0.6)  # a retry round passes: nothing has expired yet
+    reads = clock.reads
+    await _until(lambda: clock.reads >= reads + 2, "a retry round to pass")
     assert not held.done() and not sent_before.done()
     clock.now += 1
     for task in (held, sent_before):
