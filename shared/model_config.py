@@ -7,7 +7,7 @@ Triton accepts parses here unchanged. Validation and defaults follow core
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,11 @@ from tritonclient.grpc.model_config_pb2 import (
 )
 
 CONFIG_FILENAME = "config.pbtxt"
+
+#: fills, in place, what a model's own files say and its config leaves out (Triton's
+#: auto-complete: a Python model's `auto_complete_config`, an ONNX file's inputs); called
+#: with the parsed config and the model directory before the config is validated.
+Completer = Callable[[ModelConfig, Path], None]
 
 _PYTORCH_PLATFORMS = ("pytorch_libtorch", "libtorch")
 _DEFAULT_FILENAME = {"pytorch": "model.pt", "python": "model.py"}
@@ -102,15 +107,21 @@ class _Errors:
         return ModelConfigError(f"{self.path}: {field}: {message}")
 
 
-def load_model_config(model_dir: Path) -> ModelSpec:
-    """Read, validate and normalise `<model_dir>/config.pbtxt`; raise ModelConfigError."""
+def load_model_config(
+    model_dir: Path, *, config_json: str | None = None, complete: Completer | None = None
+) -> ModelSpec:
+    """Read, validate and normalise `<model_dir>/config.pbtxt`, or `config_json` instead of it
+    (a repository load's config override, Triton's ModelConfig as JSON); raise ModelConfigError.
+    `complete` fills in what the model's own files say, before validation."""
     path = model_dir / CONFIG_FILENAME
     err = _Errors(path)
-    cfg = _parse(path)
+    cfg = _parse(path) if config_json is None else _parse_json(config_json, path)
     if cfg.name and cfg.name != model_dir.name:
         raise err("name", f"'{cfg.name}' must equal the directory name '{model_dir.name}'")
     cfg.name = cfg.name or model_dir.name
     kind = _resolve_backend(cfg, err)
+    if complete is not None:
+        complete(cfg, model_dir)
     if cfg.max_batch_size < 0:
         raise err("max_batch_size", f"must be >= 0, got {cfg.max_batch_size}")
     inputs = _tensors(cfg.input, "input", cfg.max_batch_size, err)
@@ -163,6 +174,13 @@ def _parse(path: Path) -> ModelConfig:
         # The message starts with "line:col : ", so this reads as "path:line:col : ...".
         sep = ":" if exc.GetLine() is not None else ": "
         raise ModelConfigError(f"{path}{sep}{exc}") from exc
+
+
+def _parse_json(text: str, path: Path) -> ModelConfig:
+    try:
+        return json_format.Parse(text, ModelConfig())
+    except json_format.ParseError as exc:
+        raise ModelConfigError(f"{path} (config override): {exc}") from exc
 
 
 def _resolve_backend(cfg: ModelConfig, err: _Errors) -> str:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sluice.shared.errors import ModelConfigError
-from sluice.shared.model_config import CONFIG_FILENAME, ModelSpec, load_model_config
+from sluice.shared.model_config import CONFIG_FILENAME, Completer, ModelSpec, load_model_config
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,14 +24,15 @@ class ModelEntry:
     error: str | None
 
 
-def scan_repository(repo: Path) -> list[ModelEntry]:
+def scan_repository(repo: Path, complete: Completer | None = None) -> list[ModelEntry]:
     """One entry per model directory (hidden ones skipped), sorted by name.
 
     A bad model is reported in its entry's `error` and never raises; only an unreadable
     `repo` itself does (OSError).
     """
     model_dirs = [p for p in repo.iterdir() if p.is_dir() and not p.name.startswith(".")]
-    return [_scan_model(model_dir) for model_dir in sorted(model_dirs, key=lambda p: p.name)]
+    ordered = sorted(model_dirs, key=lambda p: p.name)
+    return [scan_model(model_dir, complete=complete) for model_dir in ordered]
 
 
 def select_versions(model_dir: Path, policy: tuple[str, tuple[int, ...]]) -> tuple[int, ...]:
@@ -58,12 +59,16 @@ def select_versions(model_dir: Path, policy: tuple[str, tuple[int, ...]]) -> tup
     return tuple(sorted(set(numbers)))
 
 
-def _scan_model(model_dir: Path) -> ModelEntry:
+def scan_model(
+    model_dir: Path, *, config_json: str | None = None, complete: Completer | None = None
+) -> ModelEntry:
+    """One model directory as an entry; `config_json` overrides its config.pbtxt (a load's
+    config parameter), `complete` fills in what its files say (see load_model_config)."""
     name = model_dir.name
-    if not (model_dir / CONFIG_FILENAME).is_file():
+    if config_json is None and not (model_dir / CONFIG_FILENAME).is_file():
         return ModelEntry(name, model_dir, None, (), f"no {CONFIG_FILENAME}")
     try:
-        spec = load_model_config(model_dir)
+        spec = load_model_config(model_dir, config_json=config_json, complete=complete)
         versions = select_versions(model_dir, spec.version_policy)
     except (ModelConfigError, OSError) as exc:
         return ModelEntry(name, model_dir, None, (), str(exc))
