@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sluice.gateway import metadata
 from sluice.gateway.bulk_api import BulkApi, BulkUpload
 from sluice.gateway.dispatcher import Dispatcher, Route
-from sluice.gateway.model_table import ModelTable, ModelView
+from sluice.gateway.model_loads import check_load, failed_to_poll, load_fleet_wide
+from sluice.gateway.model_table import ModelTable, ModelView, no_versions
 from sluice.gateway.outage import RETRY_AFTER_S
 from sluice.shared import keys
 from sluice.shared.bulk import BulkStatus
@@ -26,10 +27,13 @@ from sluice.shared.infer_codec import ParsedInfer, decompress, parse_infer
 from sluice.shared.protocol import Request, Result, Tensor
 from sluice.shared.queue_policy import DEADLINE, PRIORITY, TIMEOUT, deadline_us
 from sluice.shared.redis_client import REDIS_ERRORS
+from sluice.shared.repository_control import NOT_EXPLICIT, declare
 from sluice.shared.signature import Signature, validate_inputs
 
 #: request parameters the workers act on.
 FORWARDED_PARAMETERS = (PRIORITY, TIMEOUT, DEADLINE)
+#: request parameters that only shape this gateway's answer, never a model's to see.
+GATEWAY_PARAMETERS = frozenset({"binary_data_output"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +44,8 @@ class GatewayLimits:
     auth_token: str | None = None
     #: how long a job and its result are kept.
     job_ttl_s: int = 3600
+    #: Triton's --model-control-mode; only "explicit" takes repository loads and unloads.
+    model_control_mode: str = "none"
 
 
 class InferInput(Protocol):
@@ -109,6 +115,7 @@ class GatewayCore:
         self.table = table
         self.limits = limits
         self.bulk = bulk
+        table.empty_ok = limits.model_control_mode != "none"
 
     # -- server and models -------------------------------------------------------------------
 
@@ -121,8 +128,48 @@ class GatewayCore:
     async def fleet(self) -> dict[str, Any]:
         return await fleet_status(self.dispatcher.redis)
 
-    def repository_index(self) -> list[dict[str, Any]]:
-        return metadata.repository_index(self.table.models)
+    # -- repository ------------------------------------------------------------------------
+
+    async def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        """Triton's repository index of the fleet (`ready_only`: READY versions only)."""
+        await self._refresh()
+        return metadata.repository_index(self.table.models, self.table.repository, ready_only)
+
+    async def load_model(
+        self, name: str, config_json: str | None = None, files: Mapping[str, bytes] | None = None
+    ) -> None:
+        """Load (or reload) the model on every worker that serves it; returns once it is READY
+        on one, fails with the workers' reasons if none could (see gateway/model_loads.py)."""
+        self._explicit_only()
+        check_load(name, config_json, files)
+        await self._refresh()
+        if not files and name not in self.table.repository:
+            raise failed_to_poll(name)
+        timeout_s = self.limits.request_timeout_s
+        await load_fleet_wide(self.dispatcher.redis, name, config_json, files, timeout_s)
+        await self._refresh()  # its config (batching, signature) as of this load, here at once
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        """Unload the model fleet-wide; returns at once (Triton's UNLOADING), the workers finish
+        the requests already queued and then report it UNAVAILABLE "unloaded".
+        `unload_dependents` is accepted for ensembles, which sluice does not have yet."""
+        self._explicit_only()
+        await self._refresh()
+        if name not in self.table.repository and name not in self.table.models:
+            return  # nothing to unload, as Triton answers
+        await declare(self.dispatcher.redis, name, loaded=False)
+        self.table.withdraw(name)
+
+    def _explicit_only(self) -> None:
+        if self.limits.model_control_mode != "explicit":
+            raise Unavailable(NOT_EXPLICIT)
+
+    async def _refresh(self) -> None:
+        try:
+            await self.table.refresh()
+        except REDIS_ERRORS as exc:
+            message = f"queue unavailable: Redis is unreachable ({exc})"
+            raise Unavailable(message, RETRY_AFTER_S) from None
 
     async def statistics(self, model: str | None, version: str | None) -> dict[str, Any]:
         """Every model's statistics (`model` None), or one model's."""
@@ -141,11 +188,7 @@ class GatewayCore:
         ):
             raise InvalidInput(f"version must be a number, got '{version[:40]}'")
         if name not in self.table.models:
-            try:  # a model registered since the last refresh
-                await self.table.refresh()
-            except REDIS_ERRORS as exc:
-                message = f"queue unavailable: Redis is unreachable ({exc})"
-                raise Unavailable(message, RETRY_AFTER_S) from None
+            await self._refresh()  # a model registered since the last refresh
         return self.table.get(name)
 
     async def model_ready(self, model: str, version: str | None) -> None:
@@ -157,12 +200,16 @@ class GatewayCore:
 
     async def model_config(self, model: str, version: str | None) -> dict[str, Any]:
         view = await self.view(model, version)
+        if view.withdrawn:
+            raise no_versions(model)
         if view.config is None:
             raise ModelNotReady(f"model '{model}' is not ready: {view.reason}")
         return view.config
 
     async def model_metadata(self, model: str, version: str | None) -> dict[str, Any]:
         view = await self.view(model, version)
+        if view.withdrawn:
+            raise no_versions(model)
         if view.signature is None:
             raise ModelNotReady(f"model '{model}' is not ready: {view.reason}")
         return metadata.model_metadata(view, int(version) if version else None)
@@ -231,7 +278,7 @@ class GatewayCore:
                     raise InvalidInput(
                         f"unexpected inference output '{output}' for model '{view.name}'"
                     )
-            params = {k: v for k, v in parsed.parameters.items() if k in FORWARDED_PARAMETERS}
+            params = _forwarded(view, parsed.parameters)
             policy = view.queue_policy
             level = policy.level_of(params)
             deadline_us(params)
@@ -248,6 +295,16 @@ class GatewayCore:
         coro = self.dispatcher.redis.hincrby(keys.GATEWAY_STATS, f"{model}:{version}:{reason}", 1)
         task = asyncio.ensure_future(coro)
         task.add_done_callback(lambda t: t.exception())
+
+
+def _forwarded(view: ModelView, parameters: dict[str, Any]) -> dict[str, Any]:
+    """What a worker gets of the request's parameters: those it acts on, and for a Python
+    model all of them (a Triton Python model reads them: `request.parameters()`)."""
+    if not parameters:
+        return parameters
+    if (view.config or {}).get("backend") == "python":
+        return {k: v for k, v in parameters.items() if k not in GATEWAY_PARAMETERS}
+    return {k: v for k, v in parameters.items() if k in FORWARDED_PARAMETERS}
 
 
 def _header_length(raw: bytes | None) -> int | None:

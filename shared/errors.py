@@ -111,6 +111,35 @@ class ModelExecutionError(SluiceError):
     code = "INTERNAL"
 
 
+class NotFound(SluiceError):
+    """Something a model looked for is missing: a Python model's NOT_FOUND error (Triton: 404).
+    An unknown model is ModelNotFound, a 400 as Triton answers it."""
+
+    http_status = 404
+    code = "NOT_FOUND_ENTITY"
+
+
+class Unsupported(SluiceError):
+    """What the server or the model does not support (Triton UNSUPPORTED: HTTP 501)."""
+
+    http_status = 501
+    code = "UNSUPPORTED"
+
+
+class AlreadyExists(SluiceError):
+    """Triton ALREADY_EXISTS (HTTP 400, which Triton gives codes with no better match)."""
+
+    http_status = 400
+    code = "ALREADY_EXISTS"
+
+
+class UnknownError(SluiceError):
+    """Triton UNKNOWN: a model's error of no given kind (HTTP 400, as Triton answers it)."""
+
+    http_status = 400
+    code = "UNKNOWN"
+
+
 class ModelConfigError(SluiceError):
     """A config.pbtxt or model file that cannot be loaded; names the file and the field."""
 
@@ -126,6 +155,10 @@ _BY_CODE: dict[str, type[SluiceError]] = {
         Unavailable,
         Cancelled,
         ModelExecutionError,
+        NotFound,
+        Unsupported,
+        AlreadyExists,
+        UnknownError,
     )
 }
 

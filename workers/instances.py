@@ -4,7 +4,9 @@ Each instance (a lane) runs on a thread of its own, so the worker's event loop k
 and publishing while the model runs; a batch may also run right on the loop when nothing
 else could use it meanwhile (see `sluice.workers.batcher.runs_inline`). When the model raises on a
 batch, the halves are run again until only the request that fails is answered with the
-error.
+error. A Triton Python model answers for each request itself (an exception from its `execute`
+fails that call's requests, as in Triton): it is never split, and never runs on the loop, where
+a BLS call waiting on a model of this same worker would hold up the loop that serves it.
 
 Starting a batch on a lane's thread hands it the GIL: the loop waits (GIL released) until the
 thread has stacked the inputs and calls the model, which runs without the GIL. Left to
@@ -22,12 +24,13 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
-from sluice.shared.errors import ModelExecutionError
+from sluice.shared.errors import ModelExecutionError, SluiceError
 from sluice.shared.model_config import ModelSpec
-from sluice.shared.protocol import Request, Result
+from sluice.shared.protocol import Request, Result, Tensor
 from sluice.shared.stats import BatchStats
 from sluice.workers.execution import BatchOutputs, adopt_torch_threads, run_batch
-from sluice.workers.models import Infer
+from sluice.workers.models import Infer, close_instance
+from sluice.workers.python_backend.instance import TritonInstance
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +55,14 @@ class Instances:
         self.default_version = max(instances)
         self.device = device
         self.handoff_timeout_s = handoff_timeout_s
-        #: wall time of the model's last successful run (None: no run yet).
+        #: the model answers each request itself: never split a batch, never run on the loop.
+        self.answers_each = any(
+            isinstance(infer, TritonInstance) for lanes in instances.values() for infer in lanes
+        )
+        #: wall time of the model's last successful run (None: no run yet, or the model must
+        #: not run on the loop: `runs_inline` then says no).
         self.last_run_ns: int | None = None
+        self._closed = False
         self._pool = ThreadPoolExecutor(
             spec.instance_count, thread_name_prefix=spec.name, initializer=adopt_torch_threads
         )
@@ -95,7 +104,7 @@ class Instances:
             started = running if running is not None else self.start(lane, requests, sizes)
             outputs, timing = await started
         except Exception as exc:  # the model's own failure, reported to its request
-            if len(requests) > 1:
+            if len(requests) > 1 and not self.answers_each:
                 middle = len(requests) // 2
                 return [
                     *await self.run_isolating(lane, requests[:middle], sizes[:middle], stats),
@@ -107,13 +116,27 @@ class Instances:
                 else ModelExecutionError(f"model '{self.spec.name}' failed: {exc}")
             )
             log.warning("%s: request %s failed: %s", self.spec.name, requests[0].id, exc)
-            return [Result(requests[0].id, error=(error.code, error.message))]
+            return [Result(r.id, error=(error.code, error.message)) for r in requests]
         stats.input_ns += timing.input_ns
         stats.infer_ns += timing.infer_ns
         stats.output_ns += timing.output_ns
-        self.last_run_ns = timing.input_ns + timing.infer_ns + timing.output_ns
-        return [Result(r.id, outs) for r, outs in zip(requests, outputs, strict=True)]
+        if not self.answers_each:
+            self.last_run_ns = timing.input_ns + timing.infer_ns + timing.output_ns
+        return [_result(r, outs) for r, outs in zip(requests, outputs, strict=True)]
 
     def shutdown(self) -> None:
-        """Wait for the runs in progress, then let the threads go."""
+        """Wait for the runs in progress, then let the threads and the instances go (a
+        Triton Python model's `finalize()` runs once, whoever calls this first)."""
         self._pool.shutdown(wait=True)
+        if self._closed:
+            return
+        self._closed = True
+        for lanes in self.by_version.values():
+            for infer in lanes:
+                close_instance(infer)
+
+
+def _result(request: Request, answer: list[Tensor] | SluiceError) -> Result:
+    if isinstance(answer, SluiceError):
+        return Result(request.id, error=(answer.code, answer.message))
+    return Result(request.id, answer)

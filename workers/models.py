@@ -1,15 +1,16 @@
 """Loading model instances: TorchScript files and plain-Python `model.py` classes.
 
-The python kind's contract (documented in the README): `model.py` defines a class `Model`
-whose `__init__(self, context: ModelContext)` loads whatever it needs and whose
-`infer(self, inputs: dict[str, torch.Tensor | numpy.ndarray]) -> dict[str, tensor-like]`
-computes one batch (BYTES inputs arrive as numpy object arrays of `bytes`). `model.py` is
-trusted code: it runs with the worker's rights.
+The python kind has two contracts (documented in docs/models.md). sluice's own: `model.py`
+defines a class `Model` whose `__init__(self, context: ModelContext)` loads whatever it needs
+and whose `infer(self, inputs: dict[str, torch.Tensor | numpy.ndarray]) -> dict[str,
+tensor-like]` computes one stacked batch (BYTES inputs arrive as numpy object arrays of
+`bytes`). Triton's: a class `TritonPythonModel` whose `execute` takes the batch's requests one
+by one (sluice.workers.python_backend). `model.py` is trusted code: it runs with the worker's
+rights.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import re
 from collections.abc import Callable, Mapping
@@ -20,10 +21,15 @@ from typing import Any
 import torch
 from sluice.shared.errors import ModelConfigError
 from sluice.shared.model_config import ModelSpec
+from sluice.workers.python_backend.instance import TritonInstance
+from sluice.workers.python_backend.loading import import_model_file, triton_instance
 
 log = logging.getLogger(__name__)
 
-Infer = Callable[[dict[str, Any]], dict[str, Any]]
+#: a model that computes a stacked batch: named input tensors to named outputs.
+TensorFunction = Callable[[dict[str, Any]], dict[str, Any]]
+#: one loaded instance: a stacked-batch function, or a Triton Python model's object.
+Infer = TensorFunction | TritonInstance
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,16 +55,24 @@ def choose_device(spec: ModelSpec) -> torch.device:
     return torch.device("cpu")
 
 
-def load_instance(spec: ModelSpec, model_dir: Path, version: int, device: torch.device) -> Infer:
-    """One model instance as a callable from named input tensors to named outputs."""
+def load_instance(
+    spec: ModelSpec, model_dir: Path, version: int, device: torch.device, index: int = 0
+) -> Infer:
+    """The model's instance number `index` (Triton's instance names count them)."""
     version_dir = model_dir / str(version)
     path = version_dir / spec.model_filename
     if spec.kind == "python":
-        return _load_python(spec, model_dir, version, path, device)
+        return _load_python(spec, model_dir, version, path, device, index)
     return _load_torchscript(spec, path, device)
 
 
-def _load_torchscript(spec: ModelSpec, path: Path, device: torch.device) -> Infer:
+def close_instance(infer: Infer) -> None:
+    """Let an instance go: a Triton Python model's `finalize()` runs."""
+    if isinstance(infer, TritonInstance):
+        infer.close()
+
+
+def _load_torchscript(spec: ModelSpec, path: Path, device: torch.device) -> TensorFunction:
     try:
         module = torch.jit.load(str(path), map_location=device).eval()
     except (RuntimeError, ValueError, OSError) as exc:
@@ -109,20 +123,18 @@ def _name_outputs(result: Any, output_names: list[str]) -> dict[str, Any]:
 
 
 def _load_python(
-    spec: ModelSpec, model_dir: Path, version: int, path: Path, device: torch.device
+    spec: ModelSpec, model_dir: Path, version: int, path: Path, device: torch.device, index: int
 ) -> Infer:
-    module_name = f"sluice_model_{spec.name}_{version}"
-    loader = importlib.util.spec_from_file_location(module_name, path)
-    if loader is None or loader.loader is None:
-        raise ModelConfigError(f"{path}: not a loadable Python file")
-    module = importlib.util.module_from_spec(loader)
-    try:
-        loader.loader.exec_module(module)
-        model_class = module.Model
-    except AttributeError:
-        raise ModelConfigError(f"{path}: defines no class `Model`") from None
-    except Exception as exc:  # user code: any failure is a load failure, reported with its reason
-        raise ModelConfigError(f"{path}: import failed: {exc!r}") from exc
+    module = import_model_file(spec.name, version, path, str(index))
+    triton_class = getattr(module, "TritonPythonModel", None)
+    if triton_class is not None:
+        return triton_instance(spec, model_dir, version, device, index, triton_class, path)
+    model_class = getattr(module, "Model", None)
+    if model_class is None:
+        raise ModelConfigError(
+            f"{path}: defines no class `Model` (sluice's contract) nor `TritonPythonModel` "
+            "(Triton's Python backend)"
+        )
     context = ModelContext(
         spec.name,
         version,
@@ -136,5 +148,5 @@ def _load_python(
         instance = model_class(context)
     except Exception as exc:  # user code
         raise ModelConfigError(f"{path}: Model() failed: {exc!r}") from exc
-    infer: Infer = instance.infer
+    infer: TensorFunction = instance.infer
     return infer

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import re
 import socket
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -17,9 +20,9 @@ from redis.asyncio.client import Pipeline
 from sluice.shared import keys
 from sluice.shared.device_metrics import INFO_KEY as DEVICE_METRICS
 from sluice.shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DrainDeadline, on_stop_signals
-from sluice.shared.errors import ModelConfigError
 from sluice.shared.gc_tuning import settle_after_startup
 from sluice.shared.idle_poll import DEFAULT_WINDOW_US
+from sluice.shared.model_config import ModelSpec
 from sluice.shared.redis_client import REDIS_ERRORS, async_client
 from sluice.shared.registry import (
     HEARTBEAT_INTERVAL_S,
@@ -28,18 +31,18 @@ from sluice.shared.registry import (
     encode_model_record,
     now_ms,
 )
-from sluice.shared.repository import ModelEntry, scan_repository
+from sluice.shared.repository_control import ALL_MODELS, DesiredModel, decode_all, read_desired
 from sluice.shared.tasks import stop_tasks
 from sluice.workers.device_sampler import DeviceSampler
 from sluice.workers.health import HEALTH_SHUTDOWN_S, serve_health
+from sluice.workers.model_manager import ModelManager
 from sluice.workers.model_queue import ModelQueue
-from sluice.workers.models import Infer, choose_device, load_instance
+from sluice.workers.models import Infer
+from sluice.workers.python_backend import bls
+from sluice.workers.python_backend.loading import complete_config
 from sluice.workers.recovery import RecoveryPolicy
 
 log = logging.getLogger(__name__)
-
-#: a model ready to serve: its entry, instances per version, and device.
-Loaded = tuple[ModelEntry, dict[int, list[Infer]], torch.device]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,43 +68,16 @@ class WorkerConfig:
     batch_delay: str = "fixed"
     #: seconds to finish the batches in hand after a stop signal before exiting regardless.
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    #: Triton's --model-control-mode: "none", "poll" or "explicit".
+    model_control_mode: str = "none"
+    #: explicit mode: the models to load at start ("*": every one).
+    load_models: tuple[str, ...] = ()
+    #: poll mode: seconds between two looks at the repository.
+    repository_poll_secs: float = 15.0
 
     def member_id(self) -> str:
         suffix = uuid.uuid4().hex[:6]
         return self.worker_id or f"worker-{socket.gethostname()}-{os.getpid()}-{suffix}"
-
-
-def configure_threads(entries: list[ModelEntry]) -> None:
-    """Apply the PyTorch backend's INTRA/INTER_OP_THREAD_COUNT (process-wide in torch)."""
-    specs = [e.spec for e in entries if e.spec is not None]
-    intra = {s.intra_op_threads for s in specs if s.intra_op_threads}
-    inter = {s.inter_op_threads for s in specs if s.inter_op_threads}
-    if len(intra) > 1 or len(inter) > 1:
-        log.warning(
-            "models ask for different thread counts; using the largest (torch threads are "
-            "per process: run them in separate workers with --models to honour each)"
-        )
-    if intra:
-        torch.set_num_threads(max(intra))
-    if inter:
-        try:
-            torch.set_num_interop_threads(max(inter))
-        except RuntimeError as exc:  # already set in this process
-            log.warning("INTER_OP_THREAD_COUNT not applied: %s", exc)
-
-
-def load_model(entry: ModelEntry) -> tuple[dict[int, list[Infer]], torch.device]:
-    """Every selected version, `instance_count` instances each."""
-    assert entry.spec is not None
-    device = choose_device(entry.spec)
-    instances = {
-        version: [
-            load_instance(entry.spec, entry.path, version, device)
-            for _ in range(entry.spec.instance_count)
-        ]
-        for version in entry.versions
-    }
-    return instances, device
 
 
 @dataclass(slots=True)
@@ -124,100 +100,160 @@ class Worker:
         self.config = config
         self.id = config.member_id()
         self.redis = async_client(config.redis_url)
-        self.queues: list[ModelQueue] = []
-        self.statuses: dict[str, ModelStatus] = {}
+        bls.use_redis(config.redis_url)  # Triton Python models' BLS calls go through it
+        #: the models served, built in `run` (it needs the running loop).
+        self.manager: ModelManager | None = None
         #: whether the last heartbeat reached Redis (readiness).
         self.redis_ok = False
         self._rate = BatchRate()
         self.sampler = DeviceSampler.for_this_host(config.metrics_interval_ms)
         self._stopped = asyncio.Event()
+        #: a model changed state, or the desired state changed: beat now, not in a second.
+        self._beat_now = asyncio.Event()
+        #: the models whose cancellation channels the listener subscribed to.
+        self._listened: frozenset[str] = frozenset()
+        self._models_changed = asyncio.Event()
         self.drain = DrainDeadline(config.drain_timeout_s, f"worker {self.id}", self._in_hand)
 
-    def _load(self) -> list[Loaded]:
-        entries = scan_repository(self.config.model_repository)
-        if self.config.models is not None:
-            wanted = set(self.config.models)
-            entries = [e for e in entries if e.name in wanted]
-            for missing in wanted - {e.name for e in entries}:
-                log.error("model %r is not in %s", missing, self.config.model_repository)
-        configure_threads(entries)
-        loaded = []
-        for entry in entries:
-            if entry.error or entry.spec is None:
-                log.error("model %r not loaded: %s", entry.name, entry.error)
-                self.statuses[entry.name] = ModelStatus([], entry.error)
-                continue
-            try:
-                instances, device = load_model(entry)
-            except ModelConfigError as exc:
-                log.error("model %r not loaded: %s", entry.name, exc.message)
-                self.statuses[entry.name] = ModelStatus([], exc.message)
-                continue
-            self.statuses[entry.name] = ModelStatus(list(entry.versions), None)
-            loaded.append((entry, instances, device))
-            log.info("model %r versions %s ready on %s", entry.name, entry.versions, device)
-        return loaded
+    @property
+    def explicit(self) -> bool:
+        return self.config.model_control_mode == "explicit"
+
+    @property
+    def queues(self) -> list[ModelQueue]:
+        return list(self.manager.queues.values()) if self.manager is not None else []
+
+    @property
+    def statuses(self) -> dict[str, ModelStatus]:
+        return self.manager.statuses if self.manager is not None else {}
+
+    def _new_queue(
+        self,
+        spec: ModelSpec,
+        instances: dict[int, list[Infer]],
+        device: torch.device,
+        consumer: str,
+    ) -> ModelQueue:
+        reader = async_client(self.config.redis_url, socket_timeout_s=None)
+        queue = ModelQueue(
+            spec,
+            instances,
+            device,
+            self.redis,
+            reader,
+            consumer,
+            self.config.block_ms,
+            self.config.recovery,
+            self.config.idle_poll_us,
+            self.config.batch_delay,
+        )
+        if self._stopped.is_set():  # loaded while stopping: it only finishes
+            queue.stop()
+        return queue
+
+    def _changed(self) -> None:
+        self._beat_now.set()
+        if frozenset(self.manager.queues if self.manager else ()) != self._listened:
+            self._models_changed.set()
 
     def _announce(self, pipe: Pipeline) -> None:
         """Model records and our heartbeat; re-sent every beat so a Redis that lost its data
         learns them again."""
-        for queue in self.queues:
+        manager = self.manager
+        for name, queue in manager.queues.items() if manager is not None else ():
+            if manager is not None and not manager.announces(name):  # a newer load applies here
+                continue
             versions = sorted(queue.instances.by_version)
             record = encode_model_record(queue.spec.config_json, versions, None)
-            pipe.hset(keys.MODELS, queue.spec.name, record)
+            pipe.hset(keys.MODELS, name, record)
         for name, status in self.statuses.items():
             if not status.ready_versions:
                 pipe.hsetnx(keys.MODELS, name, encode_model_record(None, [], status.reason))
         pipe.hset(keys.FLEET, self.id, self._member().encode())
 
     def _member(self) -> Member:
-        batches = sum(q.batches_done for q in self.queues)
+        queues = self.queues
+        batches = sum(q.batches_done for q in queues)
         return Member(
             self.id,
             "worker",
             socket.gethostname(),
             os.getpid(),
             now_ms(),
-            self.statuses,
+            dict(self.statuses),
             {
                 "batches": batches,
                 "batches_per_s": self._rate.update(batches, time.monotonic()),
-                "devices": sorted({str(q.instances.device) for q in self.queues}),
+                "devices": sorted({str(q.instances.device) for q in queues}),
                 "instances": {
                     q.spec.name: sum(len(lanes) for lanes in q.instances.by_version.values())
-                    for q in self.queues
+                    for q in queues
                 },
                 DEVICE_METRICS: self.sampler.latest,
             },
+            self.manager.scope() if self.manager is not None else [],
         )
 
     async def _heartbeat(self) -> None:
+        """Every beat (or at once when something changed): announce ourselves and, in explicit
+        mode, read the fleet's desired state and follow it."""
         while True:
+            self._beat_now.clear()
             async with self.redis.pipeline(transaction=False) as pipe:
                 self._announce(pipe)
+                if self.explicit:
+                    pipe.hgetall(keys.DESIRED)
                 try:
-                    await pipe.execute()
+                    replies = await pipe.execute()
                     self.redis_ok = True
                 except REDIS_ERRORS as exc:  # Redis down: keep serving, report when it is back
                     self.redis_ok = False
                     log.warning("heartbeat failed: %s", exc)
-                await asyncio.sleep(HEARTBEAT_INTERVAL_S)
+                else:
+                    if self.explicit and self.manager is not None:
+                        self.manager.follow(decode_all(replies[-1]))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._beat_now.wait(), HEARTBEAT_INTERVAL_S)
 
-    async def _listen_for_cancellations(self) -> None:
-        """Gateways publish the ids of requests whose client went away; drop those not started."""
-        by_channel = {keys.cancel_channel(q.spec.name).encode(): q for q in self.queues}
+    async def _listen(self) -> None:
+        """The pub/sub listener, subscribed again whenever the set of loaded models changes."""
+        while True:
+            self._models_changed.clear()
+            names = frozenset(self.manager.queues if self.manager is not None else ())
+            self._listened = names
+            listening = asyncio.create_task(
+                self._listen_for_cancellations(names)
+                if names or self.explicit
+                else self._until_stopped()
+            )
+            changed = asyncio.create_task(self._models_changed.wait())
+            done, _ = await asyncio.wait({listening, changed}, return_when=asyncio.FIRST_COMPLETED)
+            await stop_tasks([listening, changed])
+            if listening in done and listening.exception() is not None:
+                raise listening.exception()  # type: ignore[misc]
+
+    async def _listen_for_cancellations(self, names: frozenset[str]) -> None:
+        """Gateways publish the ids of requests whose client went away; drop those not started.
+        In explicit mode the same connection hears the nudges of new desired states."""
+        by_channel = {keys.cancel_channel(name).encode(): name for name in names}
+        channels = [*by_channel, *([keys.DESIRED_CHANNEL.encode()] if self.explicit else [])]
         client = async_client(self.config.redis_url, socket_timeout_s=None)
         backoff = 0.05
         try:
             while True:
                 pubsub = client.pubsub(ignore_subscribe_messages=True)
                 try:
-                    await pubsub.subscribe(*by_channel)
+                    await pubsub.subscribe(*channels)
                     backoff = 0.05
                     async for message in pubsub.listen():
-                        queue = by_channel.get(message["channel"])
-                        if queue is not None and message["type"] == "message":
+                        if message["type"] != "message":
+                            continue
+                        name = by_channel.get(message["channel"])
+                        queue = self.manager.queues.get(name) if name and self.manager else None
+                        if queue is not None:
                             queue.cancel(message["data"].decode())
+                        elif name is None:  # a desired-state nudge: read it with a beat now
+                            self._beat_now.set()
                 except REDIS_ERRORS as exc:
                     log.warning("cancellation channel lost (%s); resubscribing", exc)
                     await asyncio.sleep(backoff)
@@ -227,11 +263,14 @@ class Worker:
         finally:
             await client.aclose()
 
+    async def _until_stopped(self) -> None:
+        await self._stopped.wait()
+
     def stop(self) -> None:
         log.info("worker %s stopping: finishing the batches in hand", self.id)
         self._stopped.set()
-        for queue in self.queues:
-            queue.stop()
+        if self.manager is not None:
+            self.manager.stop()
 
     def _in_hand(self) -> str:
         """What a cut-short drain leaves: the requests stay pending in their streams, where
@@ -247,7 +286,30 @@ class Worker:
         return "; ".join(busy) + " (left pending in Redis for another worker to take over)"
 
     def ready(self) -> bool:
-        return bool(self.queues) and self.redis_ok
+        """Serving (some model loaded, or none needed: explicit and poll modes), Redis reached."""
+        serving = bool(self.queues) or self.config.model_control_mode != "none"
+        return serving and self.redis_ok
+
+    async def _startup_models(
+        self, manager: ModelManager
+    ) -> tuple[set[str] | None, dict[str, DesiredModel]]:
+        """The models to load before serving (None: every one), and the desired states to
+        follow once serving: explicit mode loads `--load-model`'s models unless a load or
+        unload through the API since says otherwise."""
+        if not self.explicit:
+            return None, {}
+        try:
+            desired = await read_desired(self.redis)
+        except REDIS_ERRORS as exc:  # followed on the first heartbeat that reaches Redis
+            log.warning("desired model states not read (%s); following them later", exc)
+            desired = {}
+        wanted = self.config.load_models
+        names = set(manager.scope()) if ALL_MODELS in wanted else set(wanted)
+        return names - set(desired), desired
+
+    def _overrides_dir(self) -> Path:
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", self.id)
+        return Path(tempfile.gettempdir()) / f"sluice-overrides-{safe}"
 
     async def run(self) -> None:
         health = None
@@ -255,37 +317,36 @@ class Worker:
             health = await serve_health(
                 self.config.health_host, self.config.health_port, self.ready
             )
-        loaded = await asyncio.to_thread(self._load)
-        for entry, instances, device in loaded:
-            assert entry.spec is not None
-            reader = async_client(self.config.redis_url, socket_timeout_s=None)
-            self.queues.append(
-                ModelQueue(
-                    entry.spec,
-                    instances,
-                    device,
-                    self.redis,
-                    reader,
-                    self.id,
-                    self.config.block_ms,
-                    self.config.recovery,
-                    self.config.idle_poll_us,
-                    self.config.batch_delay,
-                )
-            )
+        manager = self.manager = ModelManager(
+            self.config.model_repository,
+            self.config.models,
+            self.id,
+            self.redis,
+            self._new_queue,
+            self._changed,
+            self._overrides_dir(),
+            complete=complete_config,
+        )
+        only, desired = await self._startup_models(manager)
+        manager.start(await asyncio.to_thread(manager.scan_at_start, only))
+        manager.follow(desired)
         settle_after_startup()
         on_stop_signals(self.drain, asyncio.get_running_loop(), self.stop)
         self.sampler.start()
-        helpers = [asyncio.create_task(self._heartbeat())]
-        if self.queues:
-            helpers.append(asyncio.create_task(self._listen_for_cancellations()))
+        helpers = [asyncio.create_task(self._heartbeat()), asyncio.create_task(self._listen())]
+        if self.config.model_control_mode == "poll":
+            helpers.append(asyncio.create_task(manager.poll(self.config.repository_poll_secs)))
+        stopped = asyncio.create_task(self._until_stopped())
         try:
-            await asyncio.gather(*(q.run() for q in self.queues))
-            if not self.queues:
+            if not self.queues and self.config.model_control_mode == "none":
                 log.error("no model could be loaded; waiting for a signal")
-                await self._stopped.wait()
+            ended: set[asyncio.Future[None]] = {stopped, manager.failed}
+            await asyncio.wait(ended, return_when=asyncio.FIRST_COMPLETED)
+            if manager.failed.done():
+                manager.failed.result()  # a queue failed: exit with its error, as before
+            await manager.wait_stopped()
         finally:
-            await stop_tasks(helpers)
+            await stop_tasks([*helpers, stopped])
             self.sampler.stop()
             if health is not None:
                 await health.shutdown(HEALTH_SHUTDOWN_S)

@@ -1,0 +1,254 @@
+"""Triton Python-backend model.py files, unchanged, served by `sluice serve` and driven with
+tritonclient.http: batching, BYTES, BLS, errors, auto-complete, initialize/finalize, parameters."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.conftest import HERE, Service, build_named_args_model, start_service, stop_service
+
+MODELS = HERE / "triton_python_repo"
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = tmp_path_factory.mktemp("triton_python") / "models"
+    shutil.copytree(MODELS, repo)
+    (repo / "scale" / "1").mkdir(parents=True, exist_ok=True)
+    build_named_args_model(repo / "scale" / "1" / "model.pt")
+    return repo
+
+
+@pytest.fixture(scope="module")
+def service(repo: Path, redis_server: object) -> Iterator[Service]:
+    url = redis_server.url  # type: ignore[attr-defined]
+    svc = start_service(["--model-repository", str(repo), "--redis-url", url])
+    yield svc
+    if svc.process.poll() is None:
+        stop_service(svc)
+
+
+@pytest.fixture
+def client(service: Service) -> Iterator[httpclient.InferenceServerClient]:
+    with httpclient.InferenceServerClient(service.http_url, concurrency=8) as client:
+        yield client
+
+
+def _input(name: str, array: np.ndarray, datatype: str) -> httpclient.InferInput:
+    tensor = httpclient.InferInput(name, list(array.shape), datatype)
+    tensor.set_data_from_numpy(array, binary_data=True)
+    return tensor
+
+
+def _error(pending: httpclient.InferAsyncRequest) -> InferenceServerException:
+    with pytest.raises(InferenceServerException) as err:
+        pending.get_result()
+    return err.value
+
+
+def test_add_sub_gets_the_requests_of_one_batch_as_a_list(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    """Four requests sent together reach one execute call as a list of four (preferred
+    batch size 4), each with its own unstacked inputs and its own answer."""
+    pending = []
+    for i in range(4):
+        a = np.full((1, 4), i, np.float32)
+        b = np.arange(4, dtype=np.float32)[None, :]
+        inputs = [_input("INPUT0", a, "FP32"), _input("INPUT1", b, "FP32")]
+        pending.append((a, b, client.async_infer("add_sub", inputs)))
+    for a, b, request in pending:
+        result = request.get_result()
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+        assert result.as_numpy("REQUESTS").tolist() == [[4]]
+
+
+def test_a_request_of_several_rows_is_one_request(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    """Two requests of two rows make the preferred batch of four rows: one call of two."""
+    a = np.arange(8, dtype=np.float32).reshape(2, 4)
+    inputs = [_input("INPUT0", a, "FP32"), _input("INPUT1", a, "FP32")]
+    pending = [client.async_infer("add_sub", inputs) for _ in range(2)]
+    for request in pending:
+        result = request.get_result()
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a * 2)
+        assert result.as_numpy("REQUESTS").tolist() == [[2]] * 2
+
+
+def test_bytes_in_and_out(client: httpclient.InferenceServerClient) -> None:
+    text = np.array([b"hello", "wörld".encode(), b"\x00bin"], dtype=np.object_)
+    result = client.infer("strings", [_input("TEXT", text, "BYTES")])
+    assert result.as_numpy("UPPER").tolist() == [b"HELLO", "WöRLD".encode(), b"\x00BIN"]
+    assert result.as_numpy("LENGTH").tolist() == [5, 6, 4]
+    assert result.get_output("LENGTH")["datatype"] == "INT64"
+
+
+def test_bls_calls_a_torchscript_model_through_its_queue(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    target = np.array([[b"scale"], [b"scale"]], dtype=np.object_)
+    result = client.infer("bls_scale", [_input("X", x, "FP32"), _input("TARGET", target, "BYTES")])
+    np.testing.assert_array_equal(result.as_numpy("Y"), x * 2)
+
+
+def test_a_bls_error_comes_back_as_the_response_error(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    x = np.ones((1, 3), np.float32)
+    target = np.array([[b"no_such_model"]], dtype=np.object_)
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("bls_scale", [_input("X", x, "FP32"), _input("TARGET", target, "BYTES")])
+    assert "unknown model: 'no_such_model'" in err.value.message()
+
+
+def test_async_execute_awaits_bls_calls_together(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    x = np.arange(3, dtype=np.float32)[None, :]
+    result = client.infer("bls_async", [_input("X", x, "FP32")])
+    np.testing.assert_array_equal(result.as_numpy("TWICE"), x * 2)
+    np.testing.assert_array_equal(result.as_numpy("THRICE"), x * 3)
+
+
+def _modes(client: httpclient.InferenceServerClient, modes: list[int]) -> list:
+    return [
+        client.async_infer("errors", [_input("MODE", np.array([[m]], np.int32), "INT32")])
+        for m in modes
+    ]
+
+
+def test_a_per_request_error_answers_that_request_alone_with_tritons_status(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    statuses = {1: "400", 2: "404", 3: "503", 4: "501", 5: "400", 6: "400", 7: "500"}
+    pending = _modes(client, [0, 1, 2, 3, 4, 5, 6, 7])
+    assert pending[0].get_result().as_numpy("OUT").tolist() == [[0]]
+    for mode, request in zip(range(1, 8), pending[1:], strict=True):
+        error = _error(request)
+        assert error.message() == f"mode {mode} is refused"
+        assert error.status() == statuses[mode], mode
+
+
+def test_an_exception_from_execute_fails_every_request_of_that_call_only(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    """No halving to find the culprit: the model's three good requests in the same call fail
+    too, as in Triton; the next call is unaffected."""
+    for request in _modes(client, [0, 9, 0, 0]):
+        error = _error(request)
+        assert error.status() == "500"
+        assert error.message() == (
+            "Failed to process the request(s) for model 'errors', message: "
+            "TritonModelException: mode 9 fails the whole call"
+        )
+    for mode, request in zip([0, 8, 0, 0], _modes(client, [0, 8, 0, 0]), strict=True):
+        assert request.get_result().as_numpy("OUT").tolist() == [[mode * 10]]
+
+
+@pytest.mark.parametrize(
+    ("mode", "message"),
+    [
+        (20, "Expected a list in the execute return, found type '<class 'tuple'>'."),
+        (
+            21,
+            "Number of InferenceResponse objects do not match the number of InferenceRequest "
+            "objects. InferenceRequest(s) size is:4, and InferenceResponse(s) size is:3",
+        ),
+        (
+            22,
+            "Expected an 'InferenceResponse' object in the execute function return list, "
+            "found type '<class 'str'>'.",
+        ),
+    ],
+)
+def test_an_execute_return_that_breaks_the_contract_fails_the_call(
+    client: httpclient.InferenceServerClient, mode: int, message: str
+) -> None:
+    prefix = "Failed to process the request(s) for model 'errors', message: "
+    for request in _modes(client, [0, 0, 0, mode]):
+        assert _error(request).message() == prefix + message
+
+
+def test_auto_complete_config_fills_in_inputs_outputs_and_batching(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    config = client.get_model_config("autocomplete")
+    assert [i["name"] for i in config["input"]] == ["IN"]
+    assert config["output"][0]["data_type"] == "TYPE_INT64"
+    assert config["max_batch_size"] == 4
+    assert "dynamic_batching" in config
+    x = np.array([[1, 2], [3, 4]], np.int64)
+    result = client.infer("autocomplete", [_input("IN", x, "INT64")])
+    np.testing.assert_array_equal(result.as_numpy("OUT"), x * 3)
+
+
+def test_initialize_gets_tritons_seven_args(
+    client: httpclient.InferenceServerClient, repo: Path
+) -> None:
+    result = client.infer("init_args", [_input("IN", np.array([1], np.int32), "INT32")])
+    args = json.loads(result.as_numpy("ARGS")[0])
+    assert set(args) == {
+        "model_config",
+        "model_instance_kind",
+        "model_instance_name",
+        "model_instance_device_id",
+        "model_repository",
+        "model_version",
+        "model_name",
+    }
+    assert json.loads(args["model_config"]) == client.get_model_config("init_args")
+    assert args["model_instance_kind"] == "CPU"
+    assert args["model_instance_name"] in ("pair_0", "pair_1")
+    assert args["model_instance_device_id"] == "0"
+    assert args["model_repository"] == str(repo / "init_args")
+    assert (args["model_version"], args["model_name"]) == ("1", "init_args")
+    assert result.as_numpy("MODEL_DIR")[0].decode() == str(repo / "init_args" / "1")
+
+
+def test_custom_parameters_and_requested_outputs_reach_the_model(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    one = [_input("IN", np.array([1], np.int32), "INT32")]
+    result = client.infer(
+        "params",
+        one,
+        outputs=[httpclient.InferRequestedOutput(n) for n in ("PARAMETERS", "REQUESTED")],
+        parameters={"custom": "yes", "n": 3, "flag": True},
+        priority=0,
+    )
+    assert json.loads(result.as_numpy("PARAMETERS")[0]) == {"custom": "yes", "n": 3, "flag": True}
+    assert result.as_numpy("REQUESTED").tolist() == [b"PARAMETERS", b"REQUESTED"]
+    assert result.as_numpy("CORRELATION") is None
+    result = client.infer("params", one, sequence_id=42)
+    assert json.loads(result.as_numpy("PARAMETERS")[0]) == {}
+    assert result.as_numpy("REQUESTED").tolist() == [b"CORRELATION", b"PARAMETERS", b"REQUESTED"]
+    assert result.as_numpy("CORRELATION").tolist() == [42]
+
+
+def test_a_decoupled_model_is_unavailable_saying_why(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    assert not client.is_model_ready("decoupled")
+    index = {m["name"]: m for m in client.get_model_repository_index()}
+    assert index["decoupled"]["state"] == "UNAVAILABLE"
+    assert "decoupled" in index["decoupled"]["reason"]
+    assert index["add_sub"]["state"] == "READY"
+
+
+def test_finalize_is_called_when_the_worker_stops(service: Service, repo: Path) -> None:
+    """Runs last: it stops the module's service."""
+    assert not list((repo / "init_args").glob("finalized-*"))
+    assert stop_service(service) == 0
+    assert [p.name for p in (repo / "init_args").glob("finalized-*")] != []
+    assert {p.read_text() for p in (repo / "init_args").glob("finalized-*")} == {"finalized"}

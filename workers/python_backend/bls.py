@@ -1,0 +1,237 @@
+"""BLS: a Python model's own infer requests, sent through the target model's Redis stream like
+any gateway's, so that any worker of the fleet serving the target may run them.
+
+The client is the worker's, made on first use: a private thread runs its event loop, with
+Redis connections of its own, and every call waits on a future of that loop. So `exec()`
+blocks only its caller (an instance's thread, or an async `execute`'s loop), never the
+worker's event loop, which goes on reading and answering the target's requests when this
+worker serves it too. Results come back on a reply stream of the client's own; the target's
+config (priority levels, queue size limit) is read from the model records in Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import itertools
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from sluice.shared import keys
+from sluice.shared.admission import enqueue_command, queue_full
+from sluice.shared.errors import ModelNotFound, ModelNotReady, SluiceError, Unavailable
+from sluice.shared.protocol import (
+    ProtocolError,
+    Request,
+    Result,
+    Tensor,
+    decode_results,
+    encode_requests,
+)
+from sluice.shared.queue_policy import QueuePolicy
+from sluice.shared.redis_client import REDIS_ERRORS, async_client
+from sluice.shared.redis_wire import stream_entries, xadd
+from sluice.shared.registry import decode_model_record
+
+log = logging.getLogger(__name__)
+
+#: how long a call waits for its result when it set no timeout (the gateway's default).
+DEFAULT_WAIT_S = 300.0
+#: how long a target's record read from Redis is trusted.
+RECORD_TTL_S = 1.0
+REPLY_BLOCK_MS = 1000
+TRIM_EVERY_ENTRIES = 64
+
+_lock = threading.Lock()
+_redis_url: str | None = None
+_client: BlsClient | None = None
+
+
+def use_redis(url: str) -> None:
+    """Where this process's BLS calls go (the worker's Redis); set before the models run."""
+    global _redis_url
+    _redis_url = url
+
+
+@dataclass(slots=True)
+class BlsCall:
+    """One BLS request: `version` 0 is the target's latest."""
+
+    model: str
+    version: int
+    inputs: list[Tensor]
+    outputs: tuple[str, ...] | None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    wait_s: float = DEFAULT_WAIT_S
+
+
+def submit(call: BlsCall) -> concurrent.futures.Future[Result]:
+    """The call's result (a Result with an error when it failed: never an exception)."""
+    global _client
+    with _lock:
+        if _client is None:
+            if _redis_url is None:
+                raise RuntimeError("BLS is only available inside a sluice worker")
+            _client = BlsClient(_redis_url)
+            atexit.register(_client.close)
+        client = _client
+    return client.submit(call)
+
+
+@dataclass(slots=True)
+class _Target:
+    config: dict[str, Any] | None
+    versions: list[int]
+    reason: str | None
+    read_at: float
+
+
+class BlsClient:
+    """The calls of one process, on a loop of their own (see the module's docstring)."""
+
+    def __init__(self, redis_url: str) -> None:
+        self._url = redis_url
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="bls", daemon=True)
+        self._thread.start()
+        member = f"bls-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._prefix = member
+        self._ids = itertools.count()
+        self.reply_stream = keys.reply_stream(member)
+        self._waiting: dict[str, asyncio.Future[Result]] = {}
+        self._targets: dict[str, _Target] = {}
+        self._redis: Any = None
+        self._reader: asyncio.Task[None] | None = None
+
+    def submit(self, call: BlsCall) -> concurrent.futures.Future[Result]:
+        return asyncio.run_coroutine_threadsafe(self._call(call), self._loop)
+
+    async def _call(self, call: BlsCall) -> Result:
+        request_id = f"{self._prefix}:{next(self._ids)}"
+        try:
+            return await self._infer(request_id, call)
+        except SluiceError as exc:
+            return Result(request_id, error=(exc.code, exc.message))
+        except REDIS_ERRORS as exc:
+            return Result(request_id, error=("UNAVAILABLE", f"queue unavailable: {exc}"))
+
+    async def _infer(self, request_id: str, call: BlsCall) -> Result:
+        if self._redis is None:
+            self._redis = async_client(self._url)
+            self._reader = asyncio.create_task(self._read_replies())
+        target = await self._target(call.model)
+        if target.config is None:
+            raise ModelNotReady(f"model '{call.model}' is not ready: {target.reason}")
+        if call.version and call.version not in target.versions:
+            raise ModelNotFound(
+                f"Request for unknown model: '{call.model}' version {call.version} is not found"
+            )
+        policy = QueuePolicy.from_config(target.config)
+        level = policy.level_of(call.parameters)
+        request = Request(
+            request_id,
+            call.version,
+            time.time_ns(),
+            self.reply_stream,
+            call.inputs,
+            call.outputs,
+            call.parameters,
+        )
+        answer: asyncio.Future[Result] = self._loop.create_future()
+        self._waiting[request_id] = answer
+        try:
+            await self._send(call.model, level, policy.for_level(level).max_queue_size, request)
+            return await asyncio.wait_for(answer, call.wait_s)
+        except TimeoutError:
+            await self._redis.publish(keys.cancel_channel(call.model), request_id)
+            raise Unavailable("Request timeout expired") from None
+        finally:
+            self._waiting.pop(request_id, None)
+
+    async def _send(self, model: str, level: int, max_queue_size: int, request: Request) -> None:
+        entry = encode_requests([request])
+        if not max_queue_size:
+            await self._redis.execute_command(*xadd(keys.request_stream(model, level), entry))
+            return
+        admitted = await self._redis.execute_command(
+            *enqueue_command(model, level, max_queue_size, [entry])
+        )
+        if not admitted or not admitted[0]:
+            raise Unavailable(queue_full(request.id))
+
+    async def _target(self, model: str) -> _Target:
+        """The model's record, as every gateway's model table reads it."""
+        now = time.monotonic()
+        known = self._targets.get(model)
+        if known is not None and now - known.read_at < RECORD_TTL_S:
+            return known
+        raw = await self._redis.hget(keys.MODELS, model)
+        if raw is None:
+            raise ModelNotFound(f"Request for unknown model: '{model}' is not found")
+        record = decode_model_record(raw)
+        target = _Target(record.get("config"), list(record.get("versions") or []), None, now)
+        target.reason = record.get("error")
+        self._targets[model] = target
+        return target
+
+    async def _read_replies(self) -> None:
+        reader = async_client(self._url, socket_timeout_s=None)
+        last_id: bytes | str = "0-0"
+        unread_trim = 0
+        try:
+            while True:
+                try:
+                    if unread_trim >= TRIM_EVERY_ENTRIES:
+                        await reader.xtrim(self.reply_stream, minid=last_id, approximate=False)
+                        unread_trim = 0
+                    reply = await reader.xread(
+                        {self.reply_stream: last_id}, count=256, block=REPLY_BLOCK_MS
+                    )
+                except REDIS_ERRORS as exc:
+                    log.warning("BLS reply stream read failed (%s); retrying", exc)
+                    await asyncio.sleep(0.1)
+                    continue
+                for _stream, entries in stream_entries(reply):
+                    for entry_id, fields in entries:
+                        last_id, unread_trim = entry_id, unread_trim + 1
+                        self._resolve(fields)
+        finally:
+            await reader.aclose()
+
+    def _resolve(self, fields: dict[bytes, bytes]) -> None:
+        try:
+            results = decode_results(fields)
+        except ProtocolError as exc:
+            log.error("undecodable BLS reply entry: %s", exc)
+            return
+        for result in results:
+            answer = self._waiting.get(result.id)
+            if answer is not None and not answer.done():
+                answer.set_result(result)
+
+    def close(self) -> None:
+        """Stop the loop; the reply stream goes with it."""
+        if not self._thread.is_alive():
+            return
+        done = asyncio.run_coroutine_threadsafe(self._aclose(), self._loop)
+        try:
+            done.result(timeout=5)
+        except (TimeoutError, *REDIS_ERRORS) as exc:  # best effort at exit
+            log.warning("BLS client did not close cleanly: %s", exc)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+    async def _aclose(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+        if self._redis is not None:
+            await self._redis.delete(self.reply_stream)
+            await self._redis.aclose()

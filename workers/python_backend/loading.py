@@ -1,0 +1,182 @@
+"""Importing a Python model file as Triton does, building its instances, and its config's
+auto-completion.
+
+Triton imports `<model>/<version>/model.py` with the version directory and the model directory
+on `sys.path`, so sibling modules import normally. One sluice worker serves many models in one
+process, where Triton runs a process per instance: each instance's file is imported as a module
+of its own name (two models' `1/model.py` never clash), but sibling modules of the same name in
+two models' directories share one `sys.modules` entry.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import orjson
+import torch
+from google.protobuf import json_format
+from sluice.shared.errors import ModelConfigError
+from sluice.shared.model_config import ModelSpec, triton_config_json
+from sluice.workers.python_backend import pb_utils
+from sluice.workers.python_backend.instance import TritonInstance
+from sluice.workers.python_backend.model_config import (
+    ModelConfig,
+    using_decoupled_model_transaction_policy,
+)
+from tritonclient.grpc.model_config_pb2 import ModelConfig as ModelConfigProto
+
+TRITON_CLASS = "TritonPythonModel"
+
+
+def import_model_file(model: str, version: int, path: Path, tag: str) -> ModuleType:
+    """Import `path` as a module of its own (named after model, version and `tag`), with
+    `triton_python_backend_utils` importable and the file's folders on `sys.path`."""
+    pb_utils.install()
+    for folder in (str(path.parent), str(path.parent.parent)):
+        if folder not in sys.path:
+            sys.path.append(folder)
+    name = f"sluice_model_{model}_{version}_{tag}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ModelConfigError(f"{path}: not a loadable Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # as an import does: dataclasses and pickling look it up
+    token = pb_utils.model_dir.set(path.parent)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # user code: any failure is a load failure, reported with its reason
+        del sys.modules[name]
+        raise ModelConfigError(f"{path}: import failed: {exc!r}") from exc
+    finally:
+        pb_utils.model_dir.reset(token)
+    return module
+
+
+def initialize_args(
+    spec: ModelSpec, model_dir: Path, version: int, device: torch.device, index: int
+) -> dict[str, str]:
+    """Triton's seven `initialize(args)` keys for the model's instance number `index`."""
+    group_name, in_group, kind, gpus = _group_of(spec.config_json, index)
+    if device.type == "cuda":
+        kind_text = "GPU"
+        device_id = str(gpus[in_group % len(gpus)] if gpus else device.index or 0)
+    else:
+        kind_text = "MODEL" if kind == "KIND_MODEL" else "CPU"
+        device_id = "0"
+    return {
+        "model_config": orjson.dumps(spec.config_json).decode(),
+        "model_instance_kind": kind_text,
+        "model_instance_name": f"{group_name}_{in_group}",
+        "model_instance_device_id": device_id,
+        "model_repository": str(model_dir),
+        "model_version": str(version),
+        "model_name": spec.name,
+    }
+
+
+def _group_of(config: dict[str, Any], index: int) -> tuple[str, int, str, list[int]]:
+    """The instance group of instance `index`: its name, the index within it, kind, GPUs."""
+    remaining = index
+    groups = config.get("instance_group") or []
+    for group in groups:
+        count = int(group.get("count", 1))
+        if remaining < count:
+            return group["name"], remaining, group.get("kind", "KIND_AUTO"), group.get("gpus", [])
+        remaining -= count
+    return config.get("name", ""), index, "KIND_AUTO", []
+
+
+def triton_instance(
+    spec: ModelSpec,
+    model_dir: Path,
+    version: int,
+    device: torch.device,
+    index: int,
+    model_class: Any,
+    path: Path,
+) -> TritonInstance:
+    """Build and initialize the model object of instance `index` (ModelConfigError if not)."""
+    if using_decoupled_model_transaction_policy(spec.config_json):
+        raise ModelConfigError(
+            f"{path}: model '{spec.name}' is decoupled (model_transaction_policy "
+            "{ decoupled: true }), which sluice does not serve yet"
+        )
+    args = initialize_args(spec, model_dir, version, device, index)
+    token = pb_utils.model_dir.set(path.parent)
+    try:
+        model = model_class()
+        initialize = getattr(model, "initialize", None)
+        if initialize is not None:
+            initialize(args)
+    except Exception as exc:  # user code
+        raise ModelConfigError(
+            f"{path}: {TRITON_CLASS}.initialize failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    finally:
+        pb_utils.model_dir.reset(token)
+    output_types = {o.name: o.datatype for o in spec.outputs}
+    return TritonInstance(spec.name, model, path.parent, output_types)
+
+
+def complete_config(config: ModelConfigProto, model_dir: Path) -> None:
+    """Triton's auto-complete for a Python model (a `Completer`): its TritonPythonModel's
+    `auto_complete_config` fills in what config.pbtxt leaves out (inputs, outputs, batching).
+
+    The newest version's file is imported under a throw-away name, as Triton runs the hook in
+    a process of its own; a file that defines no such hook is not imported here."""
+    if config.backend != "python":
+        return
+    path = _newest_model_file(model_dir, config.default_model_filename or "model.py")
+    if path is None:
+        return
+    try:
+        source = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return  # loading the model reports it
+    if "auto_complete_config" not in source:
+        return
+    module = import_model_file(config.name, int(path.parent.name), path, "autocomplete")
+    del sys.modules[module.__name__]
+    hook = getattr(getattr(module, TRITON_CLASS, None), "auto_complete_config", None)
+    if hook is None:
+        return
+    try:
+        returned = hook(ModelConfig(triton_config_json(config)))
+    except Exception as exc:  # user code
+        raise ModelConfigError(
+            f"{path}: auto_complete_config failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    if not isinstance(returned, ModelConfig):
+        raise ModelConfigError(
+            f"{path}: auto_complete_config must return the pb_utils.ModelConfig it was given, "
+            f"got {type(returned).__name__}"
+        )
+    try:
+        completed = json_format.ParseDict(returned.as_dict(), ModelConfigProto())
+    except json_format.ParseError as exc:
+        raise ModelConfigError(
+            f"{path}: auto_complete_config gave an invalid config: {exc}"
+        ) from exc
+    config.CopyFrom(completed)
+
+
+def _newest_model_file(model_dir: Path, filename: str) -> Path | None:
+    try:
+        versions = sorted(
+            (int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()),
+            reverse=True,
+        )
+    except OSError:
+        return None
+    return next(
+        (
+            model_dir / str(v) / filename
+            for v in versions
+            if (model_dir / str(v) / filename).is_file()
+        ),
+        None,
+    )

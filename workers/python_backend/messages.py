@@ -1,0 +1,200 @@
+"""`pb_utils.InferenceRequest` and `InferenceResponse`.
+
+A request is either made by the server (one per client request in the batch handed to
+`execute`) or by the model itself for BLS, where `exec()` / `async_exec()` send it through
+the fleet (bls.py) and answer an InferenceResponse, with its error inside, never raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+from sluice.shared.protocol import Request, Result
+from sluice.shared.queue_policy import DEADLINE, PRIORITY, TIMEOUT
+from sluice.workers.python_backend import bls
+from sluice.workers.python_backend.errors import TritonError, TritonModelException, from_sluice_code
+from sluice.workers.python_backend.tensors import Tensor, from_wire, to_wire, wire_name
+
+#: request parameters Triton acts on itself, so that a model's `parameters()` leaves them out.
+SEQUENCE_ID, SEQUENCE_START, SEQUENCE_END = "sequence_id", "sequence_start", "sequence_end"
+RESERVED_PARAMETERS = frozenset(
+    {SEQUENCE_ID, SEQUENCE_START, SEQUENCE_END, PRIORITY, TIMEOUT, DEADLINE}
+)
+FLAG_SEQUENCE_START, FLAG_SEQUENCE_END = 1, 2
+RELEASE_ALL, RELEASE_RESCHEDULE = 1, 2
+
+
+def _parameters_json(parameters: dict[str, Any] | str | None) -> str:
+    if parameters is None:
+        return "{}"
+    if isinstance(parameters, str):
+        return parameters
+    for key, value in parameters.items():
+        if not isinstance(key, str) or not isinstance(value, bool | int | str):
+            raise TritonModelException(
+                f"parameter '{key}': keys must be strings and values bool, int or str"
+            )
+    return orjson.dumps(parameters).decode()
+
+
+class InferenceResponse:
+    """One request's answer: its output tensors, or an error."""
+
+    def __init__(
+        self,
+        output_tensors: Sequence[Tensor] | None = None,
+        error: TritonError | None = None,
+        parameters: dict[str, Any] | str | None = None,
+    ) -> None:
+        tensors = list(output_tensors or [])
+        for tensor in tensors:
+            if not isinstance(tensor, Tensor):
+                raise TritonModelException(
+                    f"output_tensors must be pb_utils.Tensor objects, got {type(tensor).__name__}"
+                )
+        if error is not None and not isinstance(error, TritonError):
+            raise TritonModelException(f"error must be a pb_utils.TritonError, got {error!r}")
+        self._outputs = tensors
+        self._error = error
+        self._parameters = _parameters_json(parameters)
+
+    def output_tensors(self) -> list[Tensor]:
+        return self._outputs
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        return self._error
+
+    def parameters(self) -> str:
+        return self._parameters
+
+
+class InferenceRequest:
+    """A request: the server's, handed to `execute`, or a model's own for BLS."""
+
+    def __init__(
+        self,
+        request_id: str = "",
+        correlation_id: int | str = 0,
+        inputs: Sequence[Tensor] | None = None,
+        requested_output_names: Sequence[str] | None = None,
+        model_name: str = "",
+        model_version: int = -1,
+        flags: int = 0,
+        timeout: int = 0,
+        preferred_memory: Any = None,
+        trace: Any = None,
+        parameters: dict[str, Any] | str | None = None,
+    ) -> None:
+        self._id = request_id
+        self._correlation_id = correlation_id
+        self._inputs = list(inputs or [])
+        self._outputs = list(requested_output_names or [])
+        self.model_name = model_name
+        self.model_version = model_version
+        self._flags = flags
+        self._timeout = timeout
+        self._parameters = _parameters_json(parameters)
+
+    @classmethod
+    def from_request(cls, request: Request, all_outputs: Sequence[str]) -> InferenceRequest:
+        """The server's request for one queued request: inputs as views over its bytes."""
+        params = request.parameters
+        flags = (FLAG_SEQUENCE_START if params.get(SEQUENCE_START) else 0) | (
+            FLAG_SEQUENCE_END if params.get(SEQUENCE_END) else 0
+        )
+        custom = {k: v for k, v in params.items() if k not in RESERVED_PARAMETERS}
+        made = cls(
+            request_id=request.id,
+            correlation_id=params.get(SEQUENCE_ID, 0),
+            inputs=[from_wire(t) for t in request.inputs],
+            requested_output_names=request.outputs if request.outputs is not None else all_outputs,
+            flags=flags,
+            timeout=int(params.get(TIMEOUT, 0)),
+        )
+        made._parameters = orjson.dumps(custom).decode() if custom else "{}"
+        return made
+
+    def inputs(self) -> list[Tensor]:
+        return self._inputs
+
+    def request_id(self) -> str:
+        return self._id
+
+    def correlation_id(self) -> int | str:
+        return self._correlation_id
+
+    def flags(self) -> int:
+        return self._flags
+
+    def timeout(self) -> int:
+        return self._timeout
+
+    def parameters(self) -> str:
+        return self._parameters
+
+    def requested_output_names(self) -> list[str]:
+        return self._outputs
+
+    def is_cancelled(self) -> bool:
+        """Always False: a request whose client left is dropped before its batch starts."""
+        return False
+
+    def set_release_flags(self, flags: int) -> None:
+        if flags != RELEASE_ALL:
+            raise TritonModelException("request rescheduling is not supported by sluice")
+
+    def get_response_sender(self) -> Any:
+        raise TritonModelException(
+            "response senders (decoupled mode) are not supported by sluice yet: return one "
+            "InferenceResponse per request from execute"
+        )
+
+    def trace(self) -> None:
+        return None
+
+    # -- BLS ---------------------------------------------------------------------------------
+
+    def _bls_call(self, decoupled: bool) -> bls.BlsCall:
+        if decoupled:
+            raise TritonModelException("decoupled BLS calls are not supported by sluice yet")
+        if not self.model_name:
+            raise TritonModelException("a BLS request needs model_name")
+        params: dict[str, Any] = orjson.loads(self._parameters)
+        if self._timeout:
+            params[TIMEOUT] = self._timeout
+        if self._correlation_id:
+            params[SEQUENCE_ID] = self._correlation_id
+        if self._flags & FLAG_SEQUENCE_START:
+            params[SEQUENCE_START] = True
+        if self._flags & FLAG_SEQUENCE_END:
+            params[SEQUENCE_END] = True
+        inputs = [to_wire(t, wire_name(t.triton_dtype())) for t in self._inputs]
+        return bls.BlsCall(
+            self.model_name,
+            max(0, self.model_version),
+            inputs,
+            tuple(self._outputs) if self._outputs else None,
+            params,
+            self._timeout / 1e6 if self._timeout else bls.DEFAULT_WAIT_S,
+        )
+
+    def exec(self, decoupled: bool = False) -> InferenceResponse:
+        """Run the request on its model, wherever the fleet serves it, and wait."""
+        return _response(bls.submit(self._bls_call(decoupled)).result())
+
+    async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
+        """`exec()` as an awaitable, for `async def execute`."""
+        result = await asyncio.wrap_future(bls.submit(self._bls_call(decoupled)))
+        return _response(result)
+
+
+def _response(result: Result) -> InferenceResponse:
+    if result.error is not None:
+        return InferenceResponse(error=from_sluice_code(*result.error))
+    return InferenceResponse([from_wire(t) for t in result.outputs])

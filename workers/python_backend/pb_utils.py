@@ -1,0 +1,168 @@
+"""The module a Triton Python model imports as `triton_python_backend_utils`.
+
+`install()` registers it under that name before a model file is imported, as Triton's stub
+attaches its classes to the module at start-up. What a model may call is listed in the README
+("Triton Python-backend models"); what sluice does not support raises a TritonModelException
+that says so.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from sluice.workers.python_backend.errors import TritonError, TritonModelException
+from sluice.workers.python_backend.messages import (
+    FLAG_SEQUENCE_END,
+    FLAG_SEQUENCE_START,
+    RELEASE_ALL,
+    RELEASE_RESCHEDULE,
+    InferenceRequest,
+    InferenceResponse,
+)
+from sluice.workers.python_backend.model_config import (
+    ModelConfig,
+    get_input_config_by_name,
+    get_output_config_by_name,
+    using_decoupled_model_transaction_policy,
+)
+from sluice.workers.python_backend.tensors import (
+    TRITON_STRING_TO_NUMPY,
+    Tensor,
+    deserialize_bytes_tensor,
+    numpy_to_triton_type,
+    serialize_byte_tensor,
+    triton_string_to_numpy,
+    triton_to_numpy_type,
+)
+
+MODULE_NAME = "triton_python_backend_utils"
+
+__all__ = [
+    "TRITON_STRING_TO_NUMPY",
+    "InferenceRequest",
+    "InferenceResponse",
+    "Logger",
+    "ModelConfig",
+    "Tensor",
+    "TritonError",
+    "TritonModelException",
+    "deserialize_bytes_tensor",
+    "get_input_config_by_name",
+    "get_input_tensor_by_name",
+    "get_model_dir",
+    "get_output_config_by_name",
+    "get_output_tensor_by_name",
+    "install",
+    "is_model_ready",
+    "load_model",
+    "numpy_to_triton_type",
+    "serialize_byte_tensor",
+    "triton_string_to_numpy",
+    "triton_to_numpy_type",
+    "unload_model",
+    "using_decoupled_model_transaction_policy",
+]
+
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = FLAG_SEQUENCE_START
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = FLAG_SEQUENCE_END
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_RELEASE_ALL = RELEASE_ALL
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = RELEASE_RESCHEDULE
+TRITONSERVER_MEMORY_CPU = 0
+TRITONSERVER_MEMORY_CPU_PINNED = 1
+TRITONSERVER_MEMORY_GPU = 2
+
+#: the version directory of the model whose code runs (one process serves many models here,
+#: where Triton runs one model per stub process).
+model_dir: contextvars.ContextVar[Path | None] = contextvars.ContextVar("model_dir", default=None)
+
+_log = logging.getLogger("triton_python_backend")
+
+
+class Logger:
+    """Triton's model logger, onto Python logging (VERBOSE is DEBUG)."""
+
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+    VERBOSE = 3
+    _LEVELS = {
+        INFO: logging.INFO,
+        WARNING: logging.WARNING,
+        ERROR: logging.ERROR,
+        VERBOSE: logging.DEBUG,
+    }
+
+    @staticmethod
+    def log(message: str, level: int = INFO) -> None:
+        _log.log(Logger._LEVELS.get(level, logging.INFO), message)
+
+    @staticmethod
+    def log_info(message: str) -> None:
+        _log.info(message)
+
+    @staticmethod
+    def log_warn(message: str) -> None:
+        _log.warning(message)
+
+    @staticmethod
+    def log_error(message: str) -> None:
+        _log.error(message)
+
+    @staticmethod
+    def log_verbose(message: str) -> None:
+        _log.debug(message)
+
+
+class PreferredMemory:
+    """Accepted and ignored: sluice hands every tensor over on the CPU."""
+
+    def __init__(
+        self, preferred_memory_type: int = TRITONSERVER_MEMORY_CPU, preferred_device_id: int = 0
+    ) -> None:
+        self.preferred_memory_type = preferred_memory_type
+        self.preferred_device_id = preferred_device_id
+
+
+def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
+    return next((t for t in inference_request.inputs() if t.name() == name), None)
+
+
+def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) -> Tensor | None:
+    return next((t for t in inference_response.output_tensors() if t.name() == name), None)
+
+
+def get_model_dir() -> str:
+    """The directory holding the running model's model.py (its version directory)."""
+    current = model_dir.get()
+    if current is None:
+        raise TritonModelException("get_model_dir() is only available inside a model")
+    return str(current)
+
+
+def _not_supported(what: str) -> TritonModelException:
+    return TritonModelException(
+        f"{what} is not supported by sluice's Python backend: use the server's "
+        "/v2/repository/models/<m>/load, /unload and /ready endpoints"
+    )
+
+
+def load_model(model_name: str, config: str = "", files: Any = None) -> None:
+    raise _not_supported("pb_utils.load_model")
+
+
+def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+    raise _not_supported("pb_utils.unload_model")
+
+
+def is_model_ready(model_name: str, model_version: str = "") -> bool:
+    raise _not_supported("pb_utils.is_model_ready")
+
+
+def install() -> None:
+    """Make `import triton_python_backend_utils` give this module."""
+    sys.modules.setdefault(MODULE_NAME, sys.modules[__name__])
