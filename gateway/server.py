@@ -1,4 +1,5 @@
-"""Runs a gateway: the HTTP API and the metrics port, on shared/http_server.py and uvloop."""
+"""Runs a gateway: the HTTP API and the metrics port, on shared/http_server.py and uvloop, and
+the gRPC API (gateway/grpc_server.py) on the same event loop."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ import socket
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from sluice.gateway.app import GatewayApp
 from sluice.gateway.bulk_api import BulkApi
 from sluice.gateway.core import GatewayCore, GatewayLimits
 from sluice.gateway.dispatcher import Dispatcher
+from sluice.gateway.grpc_options import GrpcOptions
 from sluice.gateway.job_operations import JobOperations
 from sluice.gateway.jobs import JobStore
 from sluice.gateway.metrics import MetricsApp
@@ -43,6 +46,8 @@ class GatewayConfig:
     host: str = "127.0.0.1"
     http_port: int = 8000
     metrics_port: int = 8002
+    #: the gRPC port and its limits; None (the default for a config built in code): no gRPC.
+    grpc: GrpcOptions | None = None
     limits: GatewayLimits = field(default_factory=GatewayLimits)
     #: seconds to answer in-flight requests after a stop signal (--drain-timeout-s); those
     #: still waiting then get a 503, and a gateway on its own exits by this deadline.
@@ -79,9 +84,11 @@ async def serve_gateway(
         asyncio.create_task(table.run(), name="model-table"),
     ]
     settle_after_startup()
+    grpc_server: Any = None
     try:
         await http.start(config.host, config.http_port)
         await metrics.start(config.host, config.metrics_port)
+        grpc_server = await _start_grpc(core, config)
         if on_ready is not None:
             background.append(asyncio.create_task(_announce_ready(table, on_ready)))
         await stop.wait()
@@ -96,6 +103,8 @@ async def serve_gateway(
         await asyncio.gather(
             http.shutdown(wait_s, lambda: _fail_waiting(dispatcher, error), answer_s),
             metrics.shutdown(wait_s),
+            # past the wait, requests still waiting get `error` (above): time to write it
+            grpc_server.stop(wait_s + answer_s) if grpc_server is not None else asyncio.sleep(0),
         )
         await stop_tasks(background)
         await dispatcher.close()
@@ -104,6 +113,16 @@ async def serve_gateway(
         await redis.aclose()
         await reader.aclose()
         await waiter.aclose()
+
+
+async def _start_grpc(core: GatewayCore, config: GatewayConfig) -> Any:
+    """The running gRPC server, or None when gRPC is off. Its modules load only then: a
+    gateway without gRPC needs neither grpcio nor tritonclient's messages."""
+    if config.grpc is None or config.grpc.port == 0:
+        return None
+    from sluice.gateway.grpc_server import start_grpc
+
+    return await start_grpc(core, config.grpc, config.host, config.limits.auth_token)
 
 
 def _stop_on_signal(drain_timeout_s: float, http: HttpServer) -> asyncio.Event:

@@ -43,7 +43,11 @@ def serve(settings: ServeSettings) -> None:
 
     preflight.check_installed("sluice serve", "all")
     preflight.check_repository(settings.model_repository)
-    ports = {"--http-port": settings.http_port, "--metrics-port": settings.metrics_port}
+    ports = {
+        "--http-port": settings.http_port,
+        "--metrics-port": settings.metrics_port,
+        "--grpc-port": settings.grpc_port or None,
+    }
     preflight.check_ports(settings.host, ports)
     if settings.redis_url is not None:
         preflight.check_redis(settings.redis_url)
@@ -60,13 +64,18 @@ def gateway(settings: GatewaySettings) -> None:
     from sluice import preflight
     from sluice.gateway.server import serve_gateway
 
-    ports = {"--http-port": settings.http_port, "--metrics-port": settings.metrics_port}
+    ports = {
+        "--http-port": settings.http_port,
+        "--metrics-port": settings.metrics_port,
+        "--grpc-port": settings.grpc_port or None,
+    }
     preflight.check_ports(settings.host, ports)
     _logging(settings.log_level)
     logger = logging.getLogger("sluice.gateway")
 
     def announce() -> None:
-        logger.info("sluice ready: http://%s:%d", settings.host, settings.http_port)
+        grpc = f", gRPC on :{settings.grpc_port}" if settings.grpc_port else ""
+        logger.info("sluice ready: http://%s:%d%s", settings.host, settings.http_port, grpc)
 
     uvloop.run(serve_gateway(settings.config(), on_ready=announce))
 

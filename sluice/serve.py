@@ -145,7 +145,11 @@ async def _serve(settings: ServeSettings, gateway: GatewayConfig) -> None:
     host, port = gateway.host, gateway.http_port
 
     def announce() -> None:
-        log.info("sluice ready: http://%s:%d (metrics on :%d)", host, port, gateway.metrics_port)
+        grpc = gateway.grpc
+        on = f"gRPC on :{grpc.port}, " if grpc is not None and grpc.port else ""
+        log.info(
+            "sluice ready: http://%s:%d (%smetrics on :%d)", host, port, on, gateway.metrics_port
+        )
 
     try:
         await serve_gateway(gateway, on_ready=announce, stop=stop)

@@ -13,10 +13,12 @@ from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from sluice.options import Settings, at_least, option, port, positive
+from sluice.gateway.grpc_options import CompressionLevel
+from sluice.options import Settings, SettingsError, at_least, option, port, positive
 from sluice.preflight import shown_url, unknown_scheme
 from sluice.shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DRAIN_TIMEOUT_HELP
 from sluice.shared.idle_poll import DEFAULT_WINDOW_US
+from sluice.shared.repository_control import ControlMode, load_model_problem
 
 if TYPE_CHECKING:
     from sluice.gateway.server import GatewayConfig
@@ -68,12 +70,36 @@ class IdlePolling(Settings):
 
 
 @dataclass(frozen=True, kw_only=True)
-class GatewayOptions(ProcessSettings, IdlePolling):
+class ModelControl(Settings):
+    """Triton's model control mode: the workers load by it, the gateways answer the
+    repository's load and unload calls by it."""
+
+    model_control_mode: ControlMode = option(
+        "none",
+        help="Triton's model control: 'none' loads every model at start and refuses load/unload "
+        "calls; 'poll' also follows the repository's changes every --repository-poll-secs; "
+        "'explicit' loads only --load-model's models at start, then what load/unload calls say, "
+        "fleet-wide.",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatewayOptions(ProcessSettings, IdlePolling, ModelControl):
     """A gateway's options but its Redis, which serve may start itself."""
 
     host: str = option("127.0.0.1", help="Address the HTTP ports bind to.")
     http_port: int = option(8000, help="KServe v2 HTTP port.", check=port)
     metrics_port: int = option(8002, help="Prometheus /metrics port.", check=port)
+    grpc_port: int = option(
+        8001,
+        help="KServe v2 gRPC port (Triton's inference.GRPCInferenceService); 0 turns gRPC off.",
+        check=lambda value: None if value == 0 else port(value),
+    )
+    grpc_infer_response_compression_level: CompressionLevel = option(
+        "none",
+        help="How much gRPC responses are compressed, as Triton's option of that name (requests "
+        "a client compressed are always accepted).",
+    )
     request_timeout_s: float = option(
         300.0,
         help="Seconds a request may wait for its result before a 503.",
@@ -82,7 +108,8 @@ class GatewayOptions(ProcessSettings, IdlePolling):
     )
     max_body_bytes: int = option(
         64 << 20,
-        help="Largest accepted request body, as sent and once gzip/deflate is inflated (else 413).",
+        help="Largest accepted request body, as sent and once gzip/deflate is inflated (else "
+        "413); also the largest gRPC request message (else RESOURCE_EXHAUSTED).",
         check=at_least(1),
     )
     auth_token: str | None = option(
@@ -110,6 +137,7 @@ class GatewayOptions(ProcessSettings, IdlePolling):
 
     def gateway_config(self, redis_url: str) -> GatewayConfig:
         from sluice.gateway.app import GatewayLimits
+        from sluice.gateway.grpc_options import GrpcOptions
         from sluice.gateway.outage import OutagePolicy
         from sluice.gateway.server import GatewayConfig
 
@@ -118,11 +146,17 @@ class GatewayOptions(ProcessSettings, IdlePolling):
             host=self.host,
             http_port=self.http_port,
             metrics_port=self.metrics_port,
+            grpc=GrpcOptions(
+                port=self.grpc_port,
+                max_message_bytes=self.max_body_bytes,
+                compression=self.grpc_infer_response_compression_level,
+            ),
             limits=GatewayLimits(
                 max_body_bytes=self.max_body_bytes,
                 request_timeout_s=self.request_timeout_s,
                 auth_token=self.auth_token,
                 job_ttl_s=self.job_ttl_s,
+                model_control_mode=self.model_control_mode,
             ),
             graceful_shutdown_s=self.drain_timeout_s,
             idle_poll_us=self.idle_poll_us,
@@ -143,7 +177,7 @@ class GatewaySettings(GatewayOptions):
 
 
 @dataclass(frozen=True, kw_only=True)
-class BatchingOptions(ProcessSettings, IdlePolling):
+class BatchingOptions(ProcessSettings, IdlePolling, ModelControl):
     """How workers batch and recover, the same for every worker serve starts."""
 
     model_repository: Path = option(
@@ -173,6 +207,24 @@ class BatchingOptions(ProcessSettings, IdlePolling):
         "nv_cpu_* / nv_gpu_* metrics, as Triton's option of that name.",
         check=at_least(100),
     )
+    load_model: tuple[str, ...] = option(
+        (),
+        help="Explicit mode: a model to load at start (repeat the option for more; '*': every "
+        "model, and then the only one).",
+        repeat=True,
+    )
+    repository_poll_secs: float = option(
+        15.0,
+        help="Poll mode: seconds between two looks at the repository for new, changed and "
+        "removed models.",
+        check=positive,
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        problem = load_model_problem(self.model_control_mode, self.load_model)
+        if problem:
+            raise SettingsError("--load-model", f"--load-model: {problem}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -209,6 +261,9 @@ class WorkerSettings(BatchingOptions):
             metrics_interval_ms=self.metrics_interval_ms,
             batch_delay=self.batch_delay,
             drain_timeout_s=self.drain_timeout_s,
+            model_control_mode=self.model_control_mode,
+            load_models=self.load_model,
+            repository_poll_secs=self.repository_poll_secs,
         )
 
 

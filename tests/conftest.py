@@ -102,15 +102,18 @@ class Service:
     redis_url: str
     log: list[str]
     pump: threading.Thread
+    #: host:port of the gRPC API (tritonclient.grpc's url)
+    grpc_url: str = ""
 
 
 def start_sluice(
     command: str, args: list[str], env: dict[str, str] | None = None, ready: str = READY_LINE
 ) -> Service:
     """Start `sluice <command> ...` and return once it logs `ready`."""
-    http_port, metrics_port = free_port(), free_port()
+    http_port, metrics_port, grpc_port = free_port(), free_port(), free_port()
+    given = {"--http-port": http_port, "--metrics-port": metrics_port, "--grpc-port": grpc_port}
     ports = (
-        ["--http-port", str(http_port), "--metrics-port", str(metrics_port)]
+        [word for flag, port in given.items() for word in (flag, str(port))]
         if command in ("serve", "gateway")
         else []
     )
@@ -144,6 +147,7 @@ def start_sluice(
         redis_url,
         log,
         reader,
+        f"127.0.0.1:{grpc_port}",
     )
 
 

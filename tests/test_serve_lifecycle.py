@@ -58,6 +58,7 @@ def test_serve_log_level_applies_to_every_process_it_starts(model_repo: Path) ->
     http_port, metrics_port = free_port(), free_port()
     command = [sys.executable, "-m", "sluice", "serve", "--model-repository", str(model_repo)]
     command += ["--http-port", str(http_port), "--metrics-port", str(metrics_port)]
+    command += ["--grpc-port", str(free_port())]
     process = subprocess.Popen(
         [*command, "--log-level", "warning"],
         stdout=subprocess.PIPE,

@@ -1,0 +1,355 @@
+"""The KServe v2 gRPC transport over the gateway core: `inference.GRPCInferenceService`.
+
+Each RPC turns its message into a call of the core (gateway/core.py) and the answer into its
+response message, as gateway/app.py does for HTTP; every failure becomes its gRPC status in
+`grpc_status`, the one place that knows the mapping (Triton's: src/grpc/grpc_utils.cc).
+The messages and the servicer base come generated with the tritonclient wheel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, NoReturn, TypeVar
+
+import grpc
+from google.protobuf.json_format import ParseDict, ParseError
+from sluice.gateway.core import GatewayCore, InferOutcome
+from sluice.gateway.grpc_codec import GrpcInfer, infer_response, parameter_values
+from sluice.shared.errors import (
+    InvalidInput,
+    ModelNotFound,
+    ModelNotReady,
+    SluiceError,
+    Unauthorized,
+)
+from sluice.shared.redis_client import REDIS_ERRORS
+from tritonclient.grpc import model_config_pb2 as mc
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Status = grpc.StatusCode
+
+#: a typed error's `code` (shared/errors.py, Triton's names) -> its gRPC status.
+STATUS_BY_CODE = {
+    "INVALID_ARG": Status.INVALID_ARGUMENT,
+    "INVALID_CONFIG": Status.INVALID_ARGUMENT,
+    "NOT_FOUND": Status.NOT_FOUND,
+    "NOT_FOUND_JOB": Status.NOT_FOUND,
+    # Triton: "Request for unknown model: 'm' has no available versions" is NOT_FOUND
+    "UNAVAILABLE_MODEL": Status.NOT_FOUND,
+    "UNAVAILABLE": Status.UNAVAILABLE,
+    "CANCELLED": Status.CANCELLED,
+    "INTERNAL": Status.INTERNAL,
+    "UNKNOWN": Status.UNKNOWN,
+    "UNSUPPORTED": Status.UNIMPLEMENTED,
+    "ALREADY_EXISTS": Status.ALREADY_EXISTS,
+    "UNAUTHENTICATED": Status.UNAUTHENTICATED,
+    "DEADLINE_EXCEEDED": Status.DEADLINE_EXCEEDED,
+    "FAILED_PRECONDITION": Status.FAILED_PRECONDITION,
+}
+
+#: for a code not in the table: its HTTP status says what kind of failure it is.
+STATUS_BY_HTTP = {
+    400: Status.INVALID_ARGUMENT,
+    401: Status.UNAUTHENTICATED,
+    404: Status.NOT_FOUND,
+    408: Status.DEADLINE_EXCEEDED,
+    409: Status.FAILED_PRECONDITION,
+    413: Status.RESOURCE_EXHAUSTED,
+    501: Status.UNIMPLEMENTED,
+    503: Status.UNAVAILABLE,
+}
+
+#: RPCs answered without a token: the probes orchestrators send.
+OPEN_RPCS = ("ServerLive", "ServerReady")
+
+
+def grpc_status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    """Any failure of an RPC as its status and message; a bug still answers (INTERNAL)."""
+    if isinstance(exc, SluiceError):
+        status = STATUS_BY_CODE.get(exc.code) or STATUS_BY_HTTP.get(exc.http_status)
+        return status or Status.INTERNAL, exc.message
+    if isinstance(exc, REDIS_ERRORS):
+        return Status.UNAVAILABLE, f"Redis is unreachable: {exc}"
+    log.error("unhandled error in a gRPC call", exc_info=exc)
+    return Status.INTERNAL, f"internal error: {exc!r}"
+
+
+def _version(text: str) -> str | None:
+    return text or None
+
+
+def _consume(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+    """`inference.GRPCInferenceService` over one GatewayCore."""
+
+    def __init__(self, core: GatewayCore, auth_token: str | None) -> None:
+        self.core = core
+        self._expected = None if auth_token is None else ("Bearer " + auth_token).encode()
+
+    # -- what every RPC goes through ---------------------------------------------------------
+
+    async def _answer(self, context: Any, call: Callable[[], Awaitable[T]]) -> T:
+        """`call()` once the caller is authorized; a failure aborts the RPC with its status."""
+        try:
+            self._authorize(context)
+            return await call()
+        except Exception as exc:
+            await self._abort(context, exc)
+
+    async def _abort(self, context: Any, exc: Exception) -> NoReturn:
+        status, message = grpc_status(exc)
+        await context.abort(status, message)
+        raise AssertionError("context.abort returned")  # it raises; this tells type checkers
+
+    def _authorize(self, context: Any) -> None:
+        if self._expected is None:
+            return
+        for key, value in context.invocation_metadata() or ():
+            if key == "authorization":
+                given = value.encode() if isinstance(value, str) else value
+                if hmac.compare_digest(given, self._expected):
+                    return
+        raise Unauthorized("missing or invalid bearer token (authorization: Bearer ...)")
+
+    # -- server ------------------------------------------------------------------------------
+
+    async def ServerLive(self, request: Any, context: Any) -> Any:
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: Any, context: Any) -> Any:
+        return pb.ServerReadyResponse(ready=self.core.ready())
+
+    async def ServerMetadata(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            return ParseDict(self.core.server_metadata(), pb.ServerMetadataResponse())
+
+        return await self._answer(context, call)
+
+    # -- models ------------------------------------------------------------------------------
+
+    async def ModelReady(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            try:
+                await self.core.model_ready(request.name, _version(request.version))
+            except (ModelNotReady, ModelNotFound):
+                return pb.ModelReadyResponse(ready=False)
+            return pb.ModelReadyResponse(ready=True)
+
+        return await self._answer(context, call)
+
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            meta = await self.core.model_metadata(request.name, _version(request.version))
+            return ParseDict(meta, pb.ModelMetadataResponse())
+
+        return await self._answer(context, call)
+
+    async def ModelConfig(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            config = await self.core.model_config(request.name, _version(request.version))
+            return pb.ModelConfigResponse(config=_model_config(request.name, config))
+
+        return await self._answer(context, call)
+
+    async def ModelStatistics(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            name = request.name or None
+            stats = await self.core.statistics(name, _version(request.version) if name else None)
+            return ParseDict(stats, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
+
+        return await self._answer(context, call)
+
+    # -- repository --------------------------------------------------------------------------
+
+    async def RepositoryIndex(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            index = await self.core.repository_index(ready_only=request.ready)
+            entry = pb.RepositoryIndexResponse.ModelIndex
+            models = [
+                entry(
+                    name=item["name"],
+                    version=item.get("version") or "",
+                    state=item.get("state") or "",
+                    reason=item.get("reason") or "",
+                )
+                for item in index
+            ]
+            return pb.RepositoryIndexResponse(models=models)
+
+        return await self._answer(context, call)
+
+    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            params = parameter_values(request.parameters)
+            config = params.pop("config", None)
+            if config is not None and not isinstance(config, str):
+                raise InvalidInput("parameter 'config' must be a string (string_param)")
+            files = {}
+            for key, value in params.items():
+                if key.startswith("file:"):
+                    if not isinstance(value, bytes):
+                        raise InvalidInput(f"parameter '{key}' must be bytes (bytes_param)")
+                    files[key.removeprefix("file:")] = value
+            await self.core.load_model(request.model_name, config, files or None)
+            return pb.RepositoryModelLoadResponse()
+
+        return await self._answer(context, call)
+
+    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            dependents = parameter_values(request.parameters).get("unload_dependents", False)
+            if not isinstance(dependents, bool):
+                raise InvalidInput("parameter 'unload_dependents' must be a bool (bool_param)")
+            await self.core.unload_model(request.model_name, unload_dependents=dependents)
+            return pb.RepositoryModelUnloadResponse()
+
+        return await self._answer(context, call)
+
+    # -- infer -------------------------------------------------------------------------------
+
+    async def ModelInfer(self, request: Any, context: Any) -> Any:
+        try:
+            self._authorize(context)
+            outcome = await self._infer(request)
+        except Exception as exc:
+            await self._abort(context, exc)
+        return infer_response(outcome)
+
+    async def _infer(self, request: Any, gone: asyncio.Future[None] | None = None) -> InferOutcome:
+        """Run one request; the RPC cancelled (client gone, deadline passed) cancels it in
+        the queue, as a closed HTTP connection does. The core runs in a task of its own so
+        that grpc's cancellation reaches it as `gone` rather than as CancelledError."""
+        gone = gone or asyncio.get_running_loop().create_future()
+        infer = self.core.infer(
+            request.model_name, _version(request.model_version), GrpcInfer(request), gone
+        )
+        task = asyncio.ensure_future(infer)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not gone.done():
+                gone.set_result(None)
+            task.add_done_callback(_consume)
+            raise
+
+    async def ModelStreamInfer(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
+        """One response per request, each sent as soon as it is done (the request id says
+        which); a failed request answers in-band with `error_message`, and the stream goes on."""
+        try:
+            self._authorize(context)
+        except SluiceError as exc:
+            await self._abort(context, exc)
+        loop = asyncio.get_running_loop()
+        gone: asyncio.Future[None] = loop.create_future()
+        responses: asyncio.Queue[Any] = asyncio.Queue()
+        reader = asyncio.ensure_future(self._read_stream(request_iterator, gone, responses))
+        try:
+            while (response := await responses.get()) is not None:
+                yield response
+        finally:
+            if not gone.done():
+                gone.set_result(None)  # cancels whatever is still queued
+            reader.cancel()
+
+    async def _read_stream(
+        self, request_iterator: Any, gone: asyncio.Future[None], responses: asyncio.Queue[Any]
+    ) -> None:
+        """Start every request as it arrives; once the client is done sending and every
+        request is answered, end the stream."""
+        running: set[asyncio.Task[None]] = set()
+        try:
+            async for request in request_iterator:
+                task = asyncio.ensure_future(self._stream_one(request, gone, responses))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            if running:
+                await asyncio.wait(running)
+        except Exception as exc:  # the stream broke while reading; nothing more to answer
+            log.debug("gRPC stream ended while reading: %r", exc)
+        finally:
+            responses.put_nowait(None)
+
+    async def _stream_one(
+        self, request: Any, gone: asyncio.Future[None], responses: asyncio.Queue[Any]
+    ) -> None:
+        try:
+            outcome = await self.core.infer(
+                request.model_name, _version(request.model_version), GrpcInfer(request), gone
+            )
+        except Exception as exc:
+            _, message = grpc_status(exc)
+            failed = pb.ModelInferResponse(
+                model_name=request.model_name, model_version=request.model_version, id=request.id
+            )
+            responses.put_nowait(
+                pb.ModelStreamInferResponse(error_message=message, infer_response=failed)
+            )
+            return
+        responses.put_nowait(pb.ModelStreamInferResponse(infer_response=infer_response(outcome)))
+
+    # -- extensions sluice does not serve ----------------------------------------------------
+
+    async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        return await self._answer(context, _no_regions(pb.SystemSharedMemoryStatusResponse))
+
+    async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        return await self._answer(context, _no_regions(pb.CudaSharedMemoryStatusResponse))
+
+    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        await self._abort(context, _no_shared_memory())
+
+    async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        await self._abort(context, _no_shared_memory())
+
+    async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        return await self._answer(context, _no_regions(pb.SystemSharedMemoryUnregisterResponse))
+
+    async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        return await self._answer(context, _no_regions(pb.CudaSharedMemoryUnregisterResponse))
+
+    async def TraceSetting(self, request: Any, context: Any) -> Any:
+        # Triton built without tracing answers the same
+        await context.abort(Status.UNAVAILABLE, "the server does not support trace")
+
+    async def LogSettings(self, request: Any, context: Any) -> Any:
+        await context.abort(Status.UNAVAILABLE, "the server does not support dynamic logging")
+
+
+class _Unsupported(SluiceError):
+    code = "UNSUPPORTED"
+    http_status = 501
+
+
+def _no_shared_memory() -> SluiceError:
+    return _Unsupported(
+        "shared memory is not supported: a sluice gateway does not share memory with its "
+        "clients or workers; send tensors in the request"
+    )
+
+
+def _no_regions(response: Callable[[], Any]) -> Callable[[], Awaitable[Any]]:
+    """No region is ever registered: status lists none, unregistering has nothing to do."""
+
+    async def call() -> Any:
+        return response()
+
+    return call
+
+
+def _model_config(name: str, config: dict[str, Any]) -> Any:
+    """The config JSON the model table holds (Triton's own JSON form) as the proto message."""
+    try:
+        return ParseDict(config, mc.ModelConfig(), ignore_unknown_fields=True)
+    except ParseError as exc:
+        raise SluiceError(f"model '{name}': its config does not fit ModelConfig: {exc}") from None

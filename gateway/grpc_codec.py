@@ -1,0 +1,173 @@
+"""KServe v2 gRPC infer messages in and out: ModelInferRequest to the core's ParsedInfer, an
+InferOutcome to ModelInferResponse.
+
+Raw inputs (`raw_input_contents`, what tritonclient and perf_analyzer send) become tensors
+over the bytes protobuf handed us, with no further copy; typed `contents` are converted once
+with numpy. Outputs always go back raw, the only form tritonclient reads. Errors name the
+input and the model, with Triton's wording where Triton has one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from sluice.gateway.core import InferOutcome
+from sluice.shared.datatypes import (
+    ELEMENT_SIZE,
+    NUMPY_DTYPE,
+    element_count,
+    serialize_bytes_elements,
+)
+from sluice.shared.errors import InvalidInput
+from sluice.shared.infer_codec import ParsedInfer
+from sluice.shared.protocol import Tensor
+from sluice.shared.signature import Signature
+from tritonclient.grpc import service_pb2 as pb
+
+#: the typed `contents` field that carries each datatype (FP16 and BF16 have none: raw only).
+CONTENTS_FIELD = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+#: parameters that ask for what a gateway apart from its clients cannot do.
+UNSUPPORTED_PARAMETERS = {
+    "shared_memory_region": "shared memory is not supported: send the data in the request",
+    "classification": "classification outputs are not supported: request the raw output",
+}
+
+
+def parameter_values(parameters: Any) -> dict[str, Any]:
+    """A protobuf map of InferParameter (or ModelRepositoryParameter) as plain values."""
+    values = {}
+    for key, parameter in parameters.items():
+        kind = parameter.WhichOneof("parameter_choice")
+        if kind is not None:
+            values[key] = getattr(parameter, kind)
+    return values
+
+
+@dataclass(slots=True)
+class GrpcInfer:
+    """A ModelInferRequest as the core's InferInput: grpc has already inflated it and held it
+    to the message size limit, so there is nothing left to inflate."""
+
+    request: Any  # service_pb2.ModelInferRequest
+
+    def inflate(self, max_body_bytes: int) -> bytes:
+        return b""
+
+    def decode(self, body: bytes, sig: Signature) -> ParsedInfer:
+        request = self.request
+        raw = request.raw_input_contents
+        if len(raw) > len(request.inputs):
+            raise InvalidInput(
+                f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs of model "
+                f"'{sig.name}'"
+            )
+        inputs = [_input(item, index, raw, sig.name) for index, item in enumerate(request.inputs)]
+        outputs: dict[str, bool | None] | None = None
+        if request.outputs:
+            outputs = {}
+            for output in request.outputs:
+                _refuse_unsupported(output.parameters, f"output '{output.name}'")
+                outputs[output.name] = None
+        return ParsedInfer(
+            request.id or None, parameter_values(request.parameters), inputs, outputs, True
+        )
+
+
+def _refuse_unsupported(parameters: Any, where: str) -> None:
+    for key, reason in UNSUPPORTED_PARAMETERS.items():
+        if key in parameters:
+            raise InvalidInput(f"{where}: {reason}")
+
+
+def _input(item: Any, index: int, raw: Any, model: str) -> Tensor:
+    name, datatype = item.name, item.datatype
+    where = f"input '{name}'"
+    if datatype not in ELEMENT_SIZE:
+        raise InvalidInput(f"{where}: unknown datatype '{datatype}'")
+    _refuse_unsupported(item.parameters, where)
+    shape = tuple(item.shape)
+    if raw:
+        if item.HasField("contents"):
+            raise InvalidInput(
+                f"contents field must not be specified when using raw_input_contents for "
+                f"'{name}' for model '{model}'"
+            )
+        if index >= len(raw):
+            raise InvalidInput(
+                f"unable to find data for input tensor '{name}' for model '{model}' in request."
+            )
+        data = raw[index]
+        if datatype == "BYTES":
+            _check_bytes_elements(where, data, shape)
+        return Tensor(name, datatype, shape, data)
+    if not item.HasField("contents"):
+        raise InvalidInput(
+            f"unable to find data for input tensor '{name}' for model '{model}' in request."
+        )
+    return Tensor(name, datatype, shape, _typed_contents(item.contents, datatype, shape, where))
+
+
+def _check_bytes_elements(where: str, data: bytes, shape: tuple[int, ...]) -> None:
+    """Raw BYTES hold `<u32 length><bytes>` per element: as many as the shape says."""
+    view, pos, found = memoryview(data), 0, 0
+    while pos < len(view):
+        if pos + 4 > len(view):
+            raise InvalidInput(f"{where}: malformed BYTES data: truncated element length")
+        pos += 4 + int.from_bytes(view[pos : pos + 4], "little")
+        if pos > len(view):
+            raise InvalidInput(f"{where}: malformed BYTES data: element runs past its buffer")
+        found += 1
+    if found != element_count(shape):
+        raise InvalidInput(f"{where}: {found} BYTES elements for shape {list(shape)}")
+
+
+def _typed_contents(contents: Any, datatype: str, shape: tuple[int, ...], where: str) -> bytes:
+    field = CONTENTS_FIELD.get(datatype)
+    if field is None:
+        raise InvalidInput(
+            f"{where}: {datatype} has no typed 'contents' field: send it in raw_input_contents"
+        )
+    values = getattr(contents, field)
+    if len(values) != element_count(shape):
+        raise InvalidInput(
+            f"{where}: {len(values)} values in contents.{field} for shape {list(shape)}"
+        )
+    if datatype == "BYTES":
+        return serialize_bytes_elements(values)
+    dtype = NUMPY_DTYPE[datatype]
+    if dtype.kind in "iu" and dtype.itemsize < 4 and len(values):
+        info = np.iinfo(dtype)
+        low, high = min(values), max(values)
+        if low < info.min or high > info.max:
+            raise InvalidInput(f"{where}: contents.{field} holds values outside {datatype}")
+    return np.asarray(values, dtype=dtype).tobytes()
+
+
+def infer_response(outcome: InferOutcome) -> Any:
+    """The ModelInferResponse of a served request: every output raw, the request id echoed."""
+    output_tensor = pb.ModelInferResponse.InferOutputTensor
+    return pb.ModelInferResponse(
+        model_name=outcome.model,
+        model_version=str(outcome.version),
+        id=outcome.request.id or "",
+        outputs=[
+            output_tensor(name=t.name, datatype=t.datatype, shape=t.shape) for t in outcome.outputs
+        ],
+        raw_output_contents=[bytes(t.data) for t in outcome.outputs],
+    )

@@ -1,0 +1,44 @@
+"""The gateway's gRPC port: grpcio's asyncio server running the servicer of grpc_app.py on
+the gateway's own event loop, beside the HTTP server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+from sluice.gateway.core import GatewayCore
+from sluice.gateway.grpc_app import InferenceServicer
+from sluice.gateway.grpc_options import GrpcOptions
+from tritonclient.grpc import service_pb2_grpc
+
+#: grpc core's compression levels (grpc_compression_level), as Triton's option names them.
+COMPRESSION_LEVELS: dict[str, int] = {"none": 0, "low": 1, "medium": 2, "high": 3}
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+async def start_grpc(
+    core: GatewayCore, options: GrpcOptions, host: str, auth_token: str | None
+) -> Any:
+    """Start serving `inference.GRPCInferenceService`; the running grpc.aio.Server."""
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", options.max_message_bytes),
+            ("grpc.max_send_message_length", -1),
+            # a port already taken must fail here, not be shared with its owner
+            ("grpc.so_reuseport", 0),
+            ("grpc.default_compression_level", COMPRESSION_LEVELS[options.compression]),
+        ]
+    )
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
+        InferenceServicer(core, auth_token), server
+    )
+    address = _address(host, options.port)
+    try:
+        server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise OSError(f"cannot listen for gRPC on {address} (--grpc-port): {exc}") from None
+    await server.start()
+    return server
