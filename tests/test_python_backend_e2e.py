@@ -13,7 +13,16 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import HERE, Service, build_named_args_model, start_service, stop_service
+from sluice.embedded_redis import EmbeddedRedis
+from tests.conftest import (
+    HERE,
+    Service,
+    build_named_args_model,
+    start_service,
+    stop_service,
+    wait_until,
+)
+from tests.streams import running_worker
 
 MODELS = HERE / "triton_python_repo"
 
@@ -28,9 +37,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def service(repo: Path, redis_server: object) -> Iterator[Service]:
-    url = redis_server.url  # type: ignore[attr-defined]
-    svc = start_service(["--model-repository", str(repo), "--redis-url", url])
+def service(repo: Path, redis_server: EmbeddedRedis) -> Iterator[Service]:
+    svc = start_service(["--model-repository", str(repo), "--redis-url", redis_server.url])
     yield svc
     if svc.process.poll() is None:
         stop_service(svc)
@@ -100,6 +108,26 @@ def test_bls_calls_a_torchscript_model_through_its_queue(
     target = np.array([[b"scale"], [b"scale"]], dtype=np.object_)
     result = client.infer("bls_scale", [_input("X", x, "FP32"), _input("TARGET", target, "BYTES")])
     np.testing.assert_array_equal(result.as_numpy("Y"), x * 2)
+
+
+def test_bls_reaches_a_model_that_only_another_worker_serves(
+    client: httpclient.InferenceServerClient, service: Service, tmp_path: Path
+) -> None:
+    """The call goes through the target's stream, so the fleet's other worker runs it."""
+    remote = tmp_path / "remote"
+    (remote / "remote_scale" / "1").mkdir(parents=True)
+    config = (MODELS / "scale" / "config.pbtxt").read_text()
+    (remote / "remote_scale" / "config.pbtxt").write_text(
+        config.replace('name: "scale"', 'name: "remote_scale"', 1)
+    )
+    build_named_args_model(remote / "remote_scale" / "1" / "model.pt")
+    assert not client.is_model_ready("remote_scale")
+    with running_worker(remote, service.redis_url):
+        wait_until(lambda: client.is_model_ready("remote_scale"), "the other worker's model")
+        x = np.arange(3, dtype=np.float32)[None, :]
+        target = np.array([[b"remote_scale"]], dtype=np.object_)
+        inputs = [_input("X", x, "FP32"), _input("TARGET", target, "BYTES")]
+        np.testing.assert_array_equal(client.infer("bls_scale", inputs).as_numpy("Y"), x * 2)
 
 
 def test_a_bls_error_comes_back_as_the_response_error(

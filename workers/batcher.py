@@ -98,7 +98,9 @@ def runs_inline(
     Running in place saves them when the loop has nothing else to do meanwhile: the model has
     one instance, nothing else waits, requests arrive further apart than a run takes, and runs
     are short enough not to hold up the loop's heartbeats. Under load, the instance thread
-    keeps the loop reading and publishing while the model runs.
+    keeps the loop reading and publishing while the model runs. A model that must never run
+    on the loop (a Triton Python model, whose BLS calls may wait on this worker's own loop)
+    reports no run time (`last_run_ns` None).
     """
     return (
         instance_count == 1
