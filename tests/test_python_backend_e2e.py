@@ -4,12 +4,14 @@ tritonclient.http: batching, BYTES, BLS, errors, auto-complete, initialize/final
 from __future__ import annotations
 
 import json
+import queue
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -166,6 +168,26 @@ def test_a_per_request_error_answers_that_request_alone_with_tritons_status(
         error = _error(request)
         assert error.message() == f"mode {mode} is refused"
         assert error.status() == statuses[mode], mode
+
+
+def test_over_grpc_a_per_request_error_has_tritons_grpc_status(service: Service) -> None:
+    expected = {1: "INVALID_ARGUMENT", 2: "NOT_FOUND", 3: "UNAVAILABLE", 4: "UNIMPLEMENTED"}
+    answers: queue.Queue[tuple[int, object]] = queue.Queue()
+    with grpcclient.InferenceServerClient(service.grpc_url) as client:
+        for mode in expected:
+            tensor = grpcclient.InferInput("MODE", [1, 1], "INT32")
+            tensor.set_data_from_numpy(np.array([[mode]], np.int32))
+            client.async_infer(
+                "errors", [tensor], lambda result, error, m=mode: answers.put((m, error))
+            )
+        got = dict(answers.get(timeout=60) for _ in expected)
+    for mode, status in expected.items():
+        error = got[mode]
+        assert isinstance(error, InferenceServerException)
+        assert (error.status(), error.message()) == (
+            f"StatusCode.{status}",
+            f"mode {mode} is refused",
+        )
 
 
 def test_an_exception_from_execute_fails_every_request_of_that_call_only(
