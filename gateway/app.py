@@ -8,6 +8,8 @@ that knows the mapping.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hmac
 import logging
 from collections.abc import AsyncIterator
@@ -103,6 +105,44 @@ def _wait_seconds(query: str) -> float:
     return 0.0
 
 
+def _json_body(request: HttpRequest) -> dict[str, Any]:
+    """An optional JSON object body (empty: {})."""
+    if not request.body.strip():
+        return {}
+    try:
+        body = orjson.loads(request.body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"failed to parse the request JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise InvalidInput("the request body must be a JSON object")
+    return body
+
+
+def _parameters(request: HttpRequest) -> dict[str, Any]:
+    parameters = _json_body(request).get("parameters", {})
+    if not isinstance(parameters, dict):
+        raise InvalidInput("'parameters' must be a JSON object")
+    return parameters
+
+
+def _load_parameters(parameters: dict[str, Any]) -> tuple[str | None, dict[str, bytes]]:
+    """A load's `config` (a string of model-config JSON) and `file:<path>` contents (base64)."""
+    config = parameters.get("config")
+    if config is not None and not isinstance(config, str):
+        raise InvalidInput("parameter 'config' must be a string holding the model config JSON")
+    files: dict[str, bytes] = {}
+    for key, value in parameters.items():
+        if not key.startswith("file:"):
+            continue
+        if not isinstance(value, str):
+            raise InvalidInput(f"parameter '{key}' must be a base64 string")
+        try:
+            files[key] = base64.b64decode(value, validate=True)
+        except binascii.Error as exc:
+            raise InvalidInput(f"parameter '{key}' is not valid base64: {exc}") from None
+    return config, files
+
+
 async def _sse(events: AsyncIterator[JobEvent]) -> AsyncIterator[bytes]:
     """Server-sent events; a comment while waiting keeps proxies from closing the stream."""
     async for event in events:
@@ -132,6 +172,8 @@ class GatewayApp:
             Route("v2/health/ready", self._ready),
             Route("v2/fleet", self._fleet, GET),
             Route("v2/repository/index", self._repository_index, POST),
+            Route("v2/repository/models/{model}/load", self._load_model, POST),
+            Route("v2/repository/models/{model}/unload", self._unload_model, POST),
             Route("v2/jobs/{job}", self._get_job, GET),
             Route("v2/jobs/{job}", self._cancel_job, DELETE),
             Route("v2/jobs/{job}/events", self._job_events, GET),
@@ -199,7 +241,23 @@ class GatewayApp:
         return json_response(await self.core.fleet())
 
     async def _repository_index(self, request: HttpRequest, params: Params) -> HttpResponse:
-        return json_response(self.core.repository_index())
+        ready = _json_body(request).get("ready", False)
+        if not isinstance(ready, bool):
+            raise InvalidInput("'ready' must be a boolean")
+        return json_response(await self.core.repository_index(ready_only=ready))
+
+    async def _load_model(self, request: HttpRequest, params: Params) -> HttpResponse:
+        name = params["model"]
+        config, files = _load_parameters(_parameters(request))
+        await self.core.load_model(name, config, files or None)
+        return HttpResponse(200)
+
+    async def _unload_model(self, request: HttpRequest, params: Params) -> HttpResponse:
+        dependents = _parameters(request).get("unload_dependents", False)
+        if not isinstance(dependents, bool):
+            raise InvalidInput("parameter 'unload_dependents' must be a boolean")
+        await self.core.unload_model(params["model"], dependents)
+        return HttpResponse(200)
 
     async def _all_statistics(self, request: HttpRequest, params: Params) -> HttpResponse:
         return json_response(await self.core.statistics(None, None))

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import redis.asyncio as aioredis
 from sluice.gateway.model_table import ModelView
+from sluice.shared.registry import READY
 from sluice.shared.stats import (
     VersionStats,
     parse_stats,
@@ -21,6 +23,7 @@ EXTENSIONS = (
     "model_configuration",
     "statistics",
     "model_repository",
+    "model_repository(unload_dependents)",
     "schedule_policy",
     "parameters",
 )
@@ -49,20 +52,32 @@ def model_metadata(view: ModelView, version: int | None) -> dict[str, Any]:
     }
 
 
-def repository_index(models: dict[str, ModelView]) -> list[dict[str, Any]]:
-    index = []
-    for view in sorted(models.values(), key=lambda v: v.name):
+def repository_index(
+    models: dict[str, ModelView], repository: Iterable[str], ready_only: bool = False
+) -> list[dict[str, Any]]:
+    """Triton's index: a model of some worker's repository never loaded is its name alone;
+    others one entry per version, with its state and (when not empty) the reason."""
+    index: list[dict[str, Any]] = []
+    for name in sorted(set(models) | set(repository)):
+        view = models.get(name)
+        if view is None:
+            if not ready_only:
+                index.append({"name": name})
+            continue
         versions: list[int | None] = [*sorted(view.versions)] or [None]
         for version in versions:
             ready = version in view.ready_versions
-            index.append(
-                {
-                    "name": view.name,
-                    "version": str(version) if version is not None else "",
-                    "state": "READY" if ready else "UNAVAILABLE",
-                    "reason": "" if ready else (view.reason or ""),
-                }
-            )
+            if ready_only and not ready:
+                continue
+            entry = {
+                "name": view.name,
+                "version": str(version) if version is not None else "",
+                "state": READY if ready else view.state,
+            }
+            reason = "" if ready else (view.reason or "")
+            if reason:
+                entry["reason"] = reason
+            index.append(entry)
     return index
 
 

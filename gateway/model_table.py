@@ -23,11 +23,16 @@ from sluice.shared.queue_policy import QueuePolicy
 from sluice.shared.redis_client import REDIS_ERRORS
 from sluice.shared.registry import (
     HEARTBEAT_INTERVAL_S,
+    LOADING,
+    READY,
+    UNAVAILABLE,
+    UNLOADING,
     Member,
     decode_model_record,
     live_members,
     now_ms,
 )
+from sluice.shared.repository_control import DesiredModel, decode_all
 from sluice.shared.signature import Signature
 
 log = logging.getLogger(__name__)
@@ -36,6 +41,15 @@ log = logging.getLogger(__name__)
 RETRY_INTERVAL_S = 0.1
 #: how long the reply stream of a silent gateway lives on.
 REPLY_STREAM_TTL_S = 3600
+#: the reason a model unloaded on purpose is unavailable for (Triton's).
+UNLOADED = "unloaded"
+#: of the workers' states for a model, the one the index shows when no version is ready.
+STATE_ORDER = (LOADING, UNLOADING, UNAVAILABLE)
+
+
+def no_versions(name: str) -> ModelNotReady:
+    """Triton's answer to a request for a model that has no version to serve it."""
+    return ModelNotReady(f"Request for unknown model: '{name}' has no available versions")
 
 
 @dataclass
@@ -46,10 +60,15 @@ class ModelView:
     versions: list[int]
     ready_versions: set[int] = field(default_factory=set)
     reason: str | None = None
+    #: the workers' state of it when no version is ready: LOADING, UNLOADING or UNAVAILABLE.
+    state: str = UNAVAILABLE
+    #: unloaded on purpose (an unload call, or removed from a polled repository): requests
+    #: are refused rather than queued for a worker to come.
+    withdrawn: bool = False
 
     @property
     def ready(self) -> bool:
-        return bool(self.ready_versions)
+        return bool(self.ready_versions) and not self.withdrawn
 
     @functools.cached_property
     def queue_policy(self) -> QueuePolicy:
@@ -62,6 +81,8 @@ class ModelView:
 
     def resolve_version(self, requested: str | None) -> int:
         """0 means "whatever the worker serves as latest"; a named version must be ready."""
+        if self.withdrawn:
+            raise no_versions(self.name)
         if requested is None:
             if self.signature is None:
                 raise ModelNotReady(f"model '{self.name}' is not ready: {self.reason}")
@@ -83,6 +104,12 @@ class ModelTable:
         self.inflight = inflight
         self.models: dict[str, ModelView] = {}
         self.members: list[Member] = []
+        #: the fleet's desired state per model (explicit mode's loads and unloads).
+        self.desired: dict[str, DesiredModel] = {}
+        #: the models some live worker's repository holds, loaded or not.
+        self.repository: set[str] = set()
+        #: whether the gateway may be ready with no model loaded (explicit and poll modes).
+        self.empty_ok = False
         self.refreshed = asyncio.Event()
         self._last_ok = 0.0
         self._reachable = False
@@ -95,9 +122,16 @@ class ModelTable:
 
     @property
     def ready(self) -> bool:
-        """Redis reachable and every model that loaded somewhere has a ready instance."""
-        servable = [m for m in self.models.values() if m.config is not None]
-        return self.reachable and bool(servable) and all(m.ready for m in servable)
+        """Redis reachable and every model that loaded somewhere (and was not unloaded on
+        purpose) has a ready instance; with no such model, ready if one was unloaded on
+        purpose, or (explicit and poll modes) if a worker is there."""
+        servable = [m for m in self.models.values() if m.config is not None and not m.withdrawn]
+        if not self.reachable or not all(m.ready for m in servable):
+            return False
+        if servable:
+            return True
+        workers = any(m.kind == "worker" for m in self.members)
+        return any(m.withdrawn for m in self.models.values()) or (self.empty_ok and workers)
 
     @property
     def reachable(self) -> bool:
@@ -119,21 +153,34 @@ class ModelTable:
             pipe.expire(keys.reply_stream(self.gateway_id), REPLY_STREAM_TTL_S)
             pipe.hgetall(keys.MODELS)
             pipe.hgetall(keys.FLEET)
-            _, _, models_raw, fleet_raw = await pipe.execute()
+            pipe.hgetall(keys.DESIRED)
+            _, _, models_raw, fleet_raw, desired_raw = await pipe.execute()
             members, stale = live_members(fleet_raw, now_ms())
             if stale:
                 await self.redis.hdel(keys.FLEET, *stale)
             self.members = members
+            self.desired = decode_all(desired_raw)
+            self.repository = {n for m in members if m.kind == "worker" for n in m.repository}
             # none at all: a Redis that restarted empty, and its workers announce their models
             # again within a heartbeat; until then requests for them are queued, not refused
             if models_raw or not self.models:
-                self.models = self._views(models_raw, members)
+                self.models = self._views(models_raw, members, self.desired)
             self._last_ok = time.monotonic()
             self._reachable = True
             self.refreshed.set()
 
+    def withdraw(self, name: str) -> None:
+        """This gateway unloaded the model: refuse its requests now, not from the next refresh."""
+        view = self.models.get(name)
+        if view is not None:
+            view.withdrawn = True
+            view.ready_versions.clear()
+            view.state, view.reason = UNLOADING, None
+
     @staticmethod
-    def _views(models_raw: dict[bytes, bytes], members: list[Member]) -> dict[str, ModelView]:
+    def _views(
+        models_raw: dict[bytes, bytes], members: list[Member], desired: dict[str, DesiredModel]
+    ) -> dict[str, ModelView]:
         views: dict[str, ModelView] = {}
         for raw_name, blob in models_raw.items():
             name = raw_name.decode()
@@ -146,19 +193,30 @@ class ModelTable:
                 list(record["versions"]),
                 reason=record["error"],
             )
+        states: dict[str, set[str]] = {}
         for member in members:
             for name, status in member.models.items():
                 view = views.get(name)
                 if view is None:
                     continue
-                view.ready_versions.update(status.ready_versions)
-                if status.reason and not view.ready:
+                state = status.current_state
+                states.setdefault(name, set()).add(state)
+                if state == READY:
+                    view.ready_versions.update(status.ready_versions)
+                elif status.reason and not view.ready_versions:
                     view.reason = status.reason
-        for view in views.values():
-            if view.ready:
+        for name, view in views.items():
+            seen = states.get(name, set())
+            wanted = desired.get(name)
+            unloaded = READY not in seen and (UNLOADING in seen or view.reason == UNLOADED)
+            view.withdrawn = (wanted is not None and not wanted.loaded) or unloaded
+            if view.withdrawn:
+                view.ready_versions.clear()
+            view.state = next((s for s in STATE_ORDER if s in seen), UNAVAILABLE)
+            if view.ready_versions or view.state in (LOADING, UNLOADING):
                 view.reason = None
             elif view.reason is None:
-                view.reason = "no live worker serves it"
+                view.reason = UNLOADED if view.withdrawn else "no live worker serves it"
         return views
 
     async def run(self) -> None:

@@ -75,6 +75,19 @@ MODELS = f"{PREFIX}:{{sluice}}:models"
 #: hash: member id -> heartbeat record (msgpack) of every worker and gateway.
 FLEET = f"{PREFIX}:{{sluice}}:fleet"
 
+#: hash: model name -> the fleet's desired state of the model (shared/repository_control.py):
+#: the generation of the last load or unload, whether it is loaded, its config override.
+DESIRED = f"{PREFIX}:{{sluice}}:desired"
+
+#: hash: model name -> the `file:` overrides of its last load (msgpack), read only to apply it.
+DESIRED_FILES = f"{PREFIX}:{{sluice}}:desired-files"
+
+#: counter: the last generation handed out to a load or unload.
+DESIRED_GENERATION = f"{PREFIX}:{{sluice}}:desired-generation"
+
+#: pub/sub channel nudging workers to apply a new desired state now (they also look every beat).
+DESIRED_CHANNEL = f"{PREFIX}:{{sluice}}:desired-events"
+
 #: hash: fleet-wide counters kept by gateways (requests that failed before reaching a worker).
 GATEWAY_STATS = f"{PREFIX}:{{sluice}}:gateway-stats"
 

@@ -19,11 +19,37 @@ HEARTBEAT_INTERVAL_S = 1.0
 MEMBER_TTL_S = 5.0
 
 
+#: a model's states on a worker, as Triton's repository index names them.
+READY, LOADING, UNLOADING, UNAVAILABLE = "READY", "LOADING", "UNLOADING", "UNAVAILABLE"
+
+
 @dataclass(slots=True)
 class ModelStatus:
     ready_versions: list[int] = field(default_factory=list)
-    #: why the model (or some version) is unavailable on this member.
+    #: why the model (or some version) is unavailable on this member; with state READY, why
+    #: the last load of it failed (the versions loaded before still serve).
     reason: str | None = None
+    #: READY, LOADING, UNLOADING or UNAVAILABLE (None: READY when versions are ready).
+    state: str | None = None
+    #: the generation of the fleet's desired state this member applied to the model (0: none).
+    generation: int = 0
+
+    @property
+    def current_state(self) -> str:
+        if self.state is not None:
+            return self.state
+        return READY if self.ready_versions else UNAVAILABLE
+
+    def encode(self) -> list[Any]:
+        return [self.ready_versions, self.reason, self.state, self.generation]
+
+    @classmethod
+    def decode(cls, fields: list[Any]) -> ModelStatus:
+        """Also a heartbeat from before states and generations: `[versions, reason]`."""
+        versions, reason, *rest = fields
+        state = rest[0] if rest else None
+        generation = rest[1] if len(rest) > 1 else 0
+        return cls(list(versions), reason, state, int(generation))
 
 
 @dataclass(slots=True)
@@ -38,6 +64,8 @@ class Member:
     models: dict[str, ModelStatus] = field(default_factory=dict)
     #: free-form figures (in-flight requests, device, batches done...).
     info: dict[str, Any] = field(default_factory=dict)
+    #: the models in this worker's repository that it would serve (loaded or not).
+    repository: list[str] = field(default_factory=list)
 
     def encode(self) -> bytes:
         return msgpack.packb(
@@ -47,8 +75,9 @@ class Member:
                 "host": self.host,
                 "pid": self.pid,
                 "hb": self.heartbeat_ms,
-                "models": {m: [s.ready_versions, s.reason] for m, s in self.models.items()},
+                "models": {m: s.encode() for m, s in self.models.items()},
                 "info": self.info,
+                "repo": self.repository,
             }
         )
 
@@ -61,8 +90,9 @@ class Member:
             d["host"],
             d["pid"],
             d["hb"],
-            {m: ModelStatus(list(v), r) for m, (v, r) in d["models"].items()},
+            {m: ModelStatus.decode(fields) for m, fields in d["models"].items()},
             d.get("info", {}),
+            list(d.get("repo", [])),
         )
 
 

@@ -81,3 +81,32 @@ def scan_model(
     ]
     error = f"model file not found: {', '.join(missing)}" if missing else None
     return ModelEntry(name, model_dir, spec, versions, error)
+
+
+def model_names(repo: Path) -> list[str]:
+    """The model directories of `repo` (hidden ones skipped), sorted; [] if it is unreadable."""
+    try:
+        return sorted(p.name for p in repo.iterdir() if p.is_dir() and not p.name.startswith("."))
+    except OSError:
+        return []
+
+
+def fingerprint(model_dir: Path) -> tuple[tuple[str, int, int], ...]:
+    """Every file and folder under `model_dir` with its mtime and size: a change of
+    config.pbtxt, a version directory added or removed, or a model file rewritten changes it
+    (poll mode's test). Hidden entries and Python's byte-code caches are left out, as loading
+    a model may write them."""
+    found = []
+    for path in model_dir.rglob("*"):
+        relative = path.relative_to(model_dir)
+        if any(part.startswith(".") or part == "__pycache__" for part in relative.parts):
+            continue
+        try:
+            stat = path.stat()
+        except OSError:  # removed while we looked: the next poll sees the new state
+            continue
+        is_file = path.is_file()
+        found.append(
+            (str(relative), stat.st_mtime_ns if is_file else 0, stat.st_size if is_file else -1)
+        )
+    return tuple(sorted(found))

@@ -43,6 +43,8 @@ class Option:
     parse: Callable[[str], Any] | None = None
     #: how a value is quoted in error messages (a URL without its password).
     shown: Callable[[Any], str] = str
+    #: the option may be given several times (a tuple field: one value each time).
+    repeat: bool = False
 
 
 def option(
@@ -55,9 +57,10 @@ def option(
     check: Check | None = None,
     parse: Callable[[str], Any] | None = None,
     shown: Callable[[Any], str] = str,
+    repeat: bool = False,
 ) -> Any:
     """A settings field that is also a command-line option (no default: required)."""
-    spec = Option(help, flag, env, old, check, parse, shown)
+    spec = Option(help, flag, env, old, check, parse, shown, repeat)
     return dataclasses.field(default=default, metadata={OPTION: spec})
 
 

@@ -86,6 +86,8 @@ def _options(field: dataclasses.Field[Any], hint: Any) -> list[Callable[[Any], A
     kwargs: dict[str, Any]
     if base_type(hint) is bool:  # `--a/--b` pairs are flags by their name alone
         kwargs = {} if "/" in declared else {"is_flag": True}
+    elif spec.repeat:  # a tuple of strings, one per use of the option
+        kwargs = {"type": str, "multiple": True}
     else:
         kwargs = {"type": _click_type(field, hint)}
     default = None if field.default is dataclasses.MISSING else field.default
@@ -107,9 +109,7 @@ def _options(field: dataclasses.Field[Any], hint: Any) -> list[Callable[[Any], A
     return params
 
 
-def collect(
-    cls: type[S], ctx: click.Context, values: dict[str, Any], handed_down: str | None
-) -> S:
+def collect(cls: type[S], ctx: click.Context, values: dict[str, Any], handed_down: str | None) -> S:
     """The settings from parsed option values; a mistake exits with one line naming it."""
     handed = _handed_down(handed_down)
     unknown = set(handed) - {f.name for f in option_fields(cls)}

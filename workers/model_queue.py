@@ -61,6 +61,8 @@ class ModelQueue:
         default_delay_mode: str = "fixed",
     ) -> None:
         self.spec = spec
+        #: this queue's name in the streams' consumer group.
+        self.consumer = consumer
         self.instances = Instances(spec, instances, device)
         #: the blocking reads' own connection (closed by the worker).
         self.reader = reader
@@ -82,6 +84,11 @@ class ModelQueue:
         recovery = recovery or RecoveryPolicy()
         recoveries = [Recovery(redis, spec.name, s, consumer, recovery) for s in streams]
         self.takeover = Takeover(spec.name, recoveries, self.state, self.admission, self.answering)
+
+    @property
+    def streams(self) -> list[str]:
+        """The model's request streams, one per priority level."""
+        return list(self.admission.streams)
 
     @property
     def batches_done(self) -> int:

@@ -1,0 +1,110 @@
+"""A load through the repository API, fleet-wide: declare it, then wait for the workers.
+
+The call returns once one worker that serves the repository reports the model READY at the
+load's generation, and fails with every worker's reason once all of them that could load it
+reported failing (Triton's answer: 400 "load failed for model 'M': ..."). Heartbeats carry
+each worker's state; a worker beats at once when a model changes state, so this looks at the
+fleet's hash often rather than waiting for the next second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import cast
+
+from sluice.shared import keys
+from sluice.shared.errors import InvalidInput, SluiceError, Unavailable
+from sluice.shared.redis_client import AsyncClient
+from sluice.shared.registry import READY, Member, live_members, now_ms
+from sluice.shared.repository_control import declare, override_path
+
+#: how often the fleet's states are looked at while a load is applied.
+LOAD_POLL_S = 0.05
+
+
+def failed_to_poll(name: str) -> SluiceError:
+    """Triton's answer (INTERNAL, 500) to a load of a model no repository holds."""
+    return SluiceError(f"failed to load '{name}', failed to poll from model repository")
+
+
+def check_load(name: str, config_json: str | None, files: Mapping[str, bytes] | None) -> None:
+    """A load's parameters as Triton takes them (InvalidInput naming the one that is wrong)."""
+    if config_json is not None:
+        try:
+            config = json.loads(config_json)
+        except ValueError as exc:
+            raise InvalidInput(
+                f"load failed for model '{name}': parameter 'config' is not JSON: {exc}"
+            ) from None
+        if not isinstance(config, dict):
+            raise InvalidInput(
+                f"load failed for model '{name}': parameter 'config' must be a JSON object"
+            )
+    if files:
+        if config_json is None:
+            raise InvalidInput(
+                f"load failed for model '{name}': parameter 'config' is required with "
+                "'file:' parameters (they replace the model's directory)"
+            )
+        for parameter in files:
+            try:
+                override_path(parameter)
+            except ValueError as exc:
+                raise InvalidInput(f"load failed for model '{name}': parameter {exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class LoadOutcome:
+    """Where a load stands across the fleet: done (ready somewhere), failed, or pending."""
+
+    ready: bool
+    #: every worker that could load it failed, with these reasons (empty: not yet).
+    reasons: list[str]
+
+
+def load_outcome(name: str, generation: int, workers: list[Member], anywhere: bool) -> LoadOutcome:
+    """The load's outcome from the workers' heartbeats; `anywhere`: every worker can load it
+    (its files came with the load), else only those whose repository holds it."""
+    candidates = [w for w in workers if anywhere or name in w.repository]
+    reasons: list[str] = []
+    for worker in candidates:
+        status = worker.models.get(name)
+        if status is None or status.generation < generation:
+            return LoadOutcome(False, [])  # still loading there
+        if status.current_state == READY and not status.reason:
+            return LoadOutcome(True, [])
+        reasons.append(status.reason or f"state {status.current_state}")
+    if not candidates:
+        reasons.append("no live worker serves the model's repository")
+    return LoadOutcome(False, sorted(set(reasons)))
+
+
+async def load_fleet_wide(
+    redis: AsyncClient,
+    name: str,
+    config_json: str | None,
+    files: Mapping[str, bytes] | None,
+    timeout_s: float,
+) -> None:
+    """Declare the load, then wait until the fleet has applied it (see the module's doc)."""
+    generation = await declare(redis, name, loaded=True, config_json=config_json, files=files)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        fleet = await redis.hgetall(keys.FLEET)
+        members, _ = live_members(cast("dict[bytes, bytes]", fleet), now_ms())
+        workers = [m for m in members if m.kind == "worker"]
+        outcome = load_outcome(name, generation, workers, bool(files))
+        if outcome.ready:
+            return
+        if outcome.reasons:
+            raise InvalidInput(f"load failed for model '{name}': {'; '.join(outcome.reasons)}")
+        if time.monotonic() >= deadline:
+            raise Unavailable(
+                f"load of model '{name}' not finished within {timeout_s:g}s; it goes on, see "
+                "POST /v2/repository/index"
+            )
+        await asyncio.sleep(LOAD_POLL_S)
