@@ -388,3 +388,27 @@ def test_inputs_are_views_over_the_request_bytes(tmp_path: Path) -> None:
     assert seen[0].tolist() == [[7]]
     assert not seen[0].flags.writeable
     assert seen[0].base is not None
+
+
+def test_each_model_imports_its_own_helper_module(tmp_path: Path) -> None:
+    """Two models with a `helper.py` each, in one process: each gets its own."""
+    model = """
+        import numpy as np
+        import triton_python_backend_utils as pb_utils
+        from helper import VALUE
+        class TritonPythonModel:
+            def execute(self, requests):
+                return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT",
+                        np.full((1, 1), VALUE, np.int64))]) for _ in requests]
+    """
+    answers = []
+    for name, value in (("one", 1), ("two", 2)):
+        spec = _spec(tmp_path, name, int_model_config(name), model)
+        (tmp_path / name / "1" / "helper.py").write_text(f"VALUE = {value}\n")
+        instance = load_instance(spec, tmp_path / name, 1, CPU)
+        assert isinstance(instance, TritonInstance)
+        (outputs,) = instance.run([int_request(0, "r")], lambda: None)
+        assert isinstance(outputs, list)
+        answers.append(np.frombuffer(outputs[0].data, np.int64).tolist())
+    assert answers == [[1], [2]]
+    assert "helper" not in sys.modules

@@ -3,15 +3,18 @@ auto-completion.
 
 Triton imports `<model>/<version>/model.py` with the version directory and the model directory
 on `sys.path`, so sibling modules import normally. One sluice worker serves many models in one
-process, where Triton runs a process per instance: each instance's file is imported as a module
-of its own name (two models' `1/model.py` never clash), but sibling modules of the same name in
-two models' directories share one `sys.modules` entry.
+process, where Triton runs a process per instance, so each instance's file is imported as a
+module of its own name (two models' `1/model.py` never clash), its own folders come first on
+`sys.path` while it is imported (its `helper.py`, not another model's), and the modules it
+imported from its model directory are then dropped from `sys.modules`: each instance keeps
+its own copies, and a reload reads them afresh.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import sys
+import threading
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -31,29 +34,46 @@ from tritonclient.grpc.model_config_pb2 import ModelConfig as ModelConfigProto
 
 TRITON_CLASS = "TritonPythonModel"
 
+#: imports change `sys.path` and `sys.modules` for their while: one at a time.
+_importing = threading.Lock()
+
 
 def import_model_file(model: str, version: int, path: Path, tag: str) -> ModuleType:
     """Import `path` as a module of its own (named after model, version and `tag`), with
     `triton_python_backend_utils` importable and the file's folders on `sys.path`."""
     pb_utils.install()
-    for folder in (str(path.parent), str(path.parent.parent)):
-        if folder not in sys.path:
-            sys.path.append(folder)
     name = f"sluice_model_{model}_{version}_{tag}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ModelConfigError(f"{path}: not a loadable Python file")
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # as an import does: dataclasses and pickling look it up
-    token = pb_utils.model_dir.set(path.parent)
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:  # user code: any failure is a load failure, reported with its reason
-        del sys.modules[name]
-        raise ModelConfigError(f"{path}: import failed: {exc!r}") from exc
-    finally:
-        pb_utils.model_dir.reset(token)
+    own = [str(path.parent), str(path.parent.parent)]
+    with _importing:
+        before = set(sys.modules)
+        sys.path[:0] = own
+        sys.modules[name] = module  # as an import does: dataclasses and pickling look it up
+        token = pb_utils.model_dir.set(path.parent)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:  # user code: any failure is a load failure, with its reason
+            del sys.modules[name]
+            raise ModelConfigError(f"{path}: import failed: {exc!r}") from exc
+        finally:
+            pb_utils.model_dir.reset(token)
+            for folder in own:
+                sys.path.remove(folder)
+            sys.path.extend(folder for folder in own if folder not in sys.path)
+            _forget_modules_under(path.parent.parent, set(sys.modules) - before - {name})
     return module
+
+
+def _forget_modules_under(folder: Path, names: set[str]) -> None:
+    """Drop the modules among `names` loaded from files under `folder`."""
+    root = folder.resolve()
+    for name in names:
+        source = getattr(sys.modules[name], "__file__", None)
+        if source is not None and Path(source).resolve().is_relative_to(root):
+            del sys.modules[name]
 
 
 def initialize_args(
