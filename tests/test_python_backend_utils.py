@@ -23,6 +23,7 @@ from sluice.workers.python_backend import pb_utils
 from sluice.workers.python_backend.errors import from_sluice_code, to_sluice
 from sluice.workers.python_backend.instance import TritonInstance
 from sluice.workers.python_backend.loading import complete_config, initialize_args
+from sluice.workers.python_backend.tensors import to_wire
 
 from tests.streams import int_model_config, int_request, write_python_model
 
@@ -412,3 +413,28 @@ def test_each_model_imports_its_own_helper_module(tmp_path: Path) -> None:
         answers.append(np.frombuffer(outputs[0].data, np.int64).tolist())
     assert answers == [[1], [2]]
     assert "helper" not in sys.modules
+
+
+@pytest.mark.parametrize(
+    ("array", "datatype", "expected"),
+    [
+        (np.zeros((0, 4), np.float32), "FP32", np.zeros((0, 4), np.float32)),
+        (np.arange(6).reshape(2, 3).T, "INT64", np.arange(6).reshape(2, 3).T.copy()),
+        (np.arange(3, dtype=np.int32), "FP32", np.arange(3, dtype=np.float32)),
+        (np.array([True, False]), "BOOL", np.array([True, False])),
+    ],
+    ids=["empty", "transposed", "converted", "bool"],
+)
+def test_outputs_go_out_as_the_configs_datatype(
+    array: np.ndarray, datatype: str, expected: np.ndarray
+) -> None:
+    wire = to_wire(pb_utils.Tensor("OUT", array), datatype)
+    assert (wire.datatype, wire.shape) == (datatype, expected.shape)
+    assert bytes(wire.data) == expected.tobytes()
+
+
+def test_an_output_of_the_wrong_kind_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="output 'OUT' is BYTES in the config"):
+        to_wire(pb_utils.Tensor("OUT", np.zeros(2)), "BYTES")
+    with pytest.raises(ValueError, match="output 'OUT' is FP32 in the config"):
+        to_wire(pb_utils.Tensor("OUT", np.array([b"a"], dtype=np.object_)), "FP32")

@@ -77,9 +77,18 @@ def triton_to_numpy_type(data_type: int) -> Any:
     return _NUMPY_BY_TYPE.get(data_type)
 
 
+#: the numbers of the usual dtypes, looked up first: a Tensor is made per output per request.
+_TYPE_BY_DTYPE: dict[np.dtype, int] = {
+    dtype: TRITON_TYPE[name] for name, dtype in NUMPY_DTYPE.items() if name not in ("BF16",)
+}
+
+
 def numpy_to_triton_type(data_type: Any) -> int | None:
     """The TRITONSERVER_DataType number of a numpy type (None when Triton has none)."""
     dtype = np.dtype(data_type)
+    known = _TYPE_BY_DTYPE.get(dtype)
+    if known is not None:
+        return known
     if dtype.kind in ("O", "S"):
         return TRITON_TYPE["BYTES"]
     try:
@@ -217,5 +226,7 @@ def to_wire(tensor: Tensor, datatype: str) -> WireTensor:
     expected = NUMPY_DTYPE[datatype]
     if array.dtype != expected:
         array = array.astype(expected)
-    array = np.ascontiguousarray(array)
-    return WireTensor(name, datatype, tuple(array.shape), array.reshape(-1).view(np.uint8).data)
+    if not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)
+    data = array.data.cast("B") if array.size else b""
+    return WireTensor(name, datatype, array.shape, data)
