@@ -327,6 +327,7 @@ def test_each_request_gets_its_own_answer(tmp_path: Path, kind: str) -> None:
     answers = instance.run([int_request(i, "r") for i in (2, 3, 4)], lambda: None)
     assert [_values(a) for a in answers] == [[[3]], ("InvalidInput", "odd"), [[5]]]
     assert instance.model.calls == [3]
+    instance.close()
 
 
 def test_outputs_not_requested_are_left_out(tmp_path: Path) -> None:

@@ -227,6 +227,8 @@ class BlsClient:
             log.warning("BLS client did not close cleanly: %s", exc)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+        if not self._thread.is_alive():
+            self._loop.close()
 
     async def _aclose(self) -> None:
         if self._reader is not None:

@@ -32,6 +32,9 @@ from sluice.workers.python_backend.tensors import to_wire
 
 log = logging.getLogger(__name__)
 
+#: how long `close` waits for an async execute's loop to stop.
+LOOP_STOP_TIMEOUT_S = 5.0
+
 #: a request's outputs, or the error that answers it.
 Answer = list[WireTensor] | SluiceError
 
@@ -53,6 +56,7 @@ class TritonInstance:
         self.output_types = output_types
         self._all_outputs = tuple(output_types)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
         self._closed = False
 
     def run(self, requests: Sequence[Request], stacked: Callable[[], None]) -> list[Answer]:
@@ -110,9 +114,10 @@ class TritonInstance:
         """The loop `async def execute` runs on, started on first use."""
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
-            threading.Thread(
+            self._loop_thread = threading.Thread(
                 target=self._loop.run_forever, name=f"{self.name}-async", daemon=True
-            ).start()
+            )
+            self._loop_thread.start()
         return self._loop
 
     def _answer(self, request: Request, response: InferenceResponse) -> Answer:
@@ -143,8 +148,11 @@ class TritonInstance:
             log.exception("model '%s': finalize failed", self.name)
         finally:
             model_dir.reset(token)
-            if self._loop is not None:
+            if self._loop is not None and self._loop_thread is not None:
                 self._loop.call_soon_threadsafe(self._loop.stop)
+                self._loop_thread.join(LOOP_STOP_TIMEOUT_S)
+                if not self._loop_thread.is_alive():
+                    self._loop.close()
 
 
 async def _awaited(awaitable: Any) -> Any:
