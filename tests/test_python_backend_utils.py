@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from sluice.gateway.core import _forwarded
+from sluice.gateway.model_table import ModelView
 from sluice.shared.errors import error_from_code
 from sluice.shared.model_config import ModelSpec, load_model_config
 from sluice.shared.protocol import Request, Tensor
@@ -439,3 +441,11 @@ def test_an_output_of_the_wrong_kind_is_refused_by_name() -> None:
         to_wire(pb_utils.Tensor("OUT", np.zeros(2)), "BYTES")
     with pytest.raises(ValueError, match="output 'OUT' is FP32 in the config"):
         to_wire(pb_utils.Tensor("OUT", np.array([b"a"], dtype=np.object_)), "FP32")
+
+
+def test_the_gateway_forwards_custom_parameters_to_python_models_only() -> None:
+    params = {"priority": 1, "custom": "x", "binary_data_output": True}
+    python = ModelView("p", {"backend": "python"}, None, [1])
+    torchscript = ModelView("t", {"backend": "pytorch"}, None, [1])
+    assert _forwarded(python, params) == {"priority": 1, "custom": "x"}
+    assert _forwarded(torchscript, params) == {"priority": 1}
