@@ -116,6 +116,7 @@ class GatewayCore:
         self.limits = limits
         self.bulk = bulk
         table.empty_ok = limits.model_control_mode != "none"
+        table.follows_desired = limits.model_control_mode == "explicit"
 
     # -- server and models -------------------------------------------------------------------
 

@@ -110,6 +110,9 @@ class ModelTable:
         self.repository: set[str] = set()
         #: whether the gateway may be ready with no model loaded (explicit and poll modes).
         self.empty_ok = False
+        #: explicit mode: loads and unloads follow the desired state (other modes ignore what
+        #: an earlier explicit fleet left in Redis).
+        self.follows_desired = False
         self.refreshed = asyncio.Event()
         self._last_ok = 0.0
         self._reachable = False
@@ -159,7 +162,7 @@ class ModelTable:
             if stale:
                 await self.redis.hdel(keys.FLEET, *stale)
             self.members = members
-            self.desired = decode_all(desired_raw)
+            self.desired = decode_all(desired_raw) if self.follows_desired else {}
             self.repository = {n for m in members if m.kind == "worker" for n in m.repository}
             # none at all: a Redis that restarted empty, and its workers announce their models
             # again within a heartbeat; until then requests for them are queued, not refused

@@ -262,6 +262,20 @@ def test_unload_finishes_the_requests_already_queued(explicit: Service) -> None:
     wait_until(lambda: _index(explicit)["batch8"][0].get("reason") == "unloaded", "unloaded")
 
 
+def test_file_parameters_load_a_model_no_repository_holds(explicit: Service) -> None:
+    """`file:` parameters form the model's directory: every worker writes them to a private
+    folder and loads from there."""
+    config = {**AFFINE_OVERRIDE, "name": "shipped", "instance_group": [{"count": 1}]}
+    model_py = (HERE / "model_repo" / "affine" / "1" / "model.py").read_bytes()
+    with _client(explicit) as client:
+        client.load_model("shipped", config=json.dumps(config), files={"file:1/model.py": model_py})
+        assert client.is_model_ready("shipped")
+        wait_until(lambda: len(_serves(explicit.redis_url, "shipped")) == 2, "both workers")
+        assert _output(_infer(explicit, "shipped", "X", 4.0)) == [9.0] * 4
+        client.unload_model("shipped")
+    wait_until(lambda: _state(explicit, "shipped") == "UNAVAILABLE", "shipped unloaded")
+
+
 AFFINE_OVERRIDE = {
     "name": "affine",
     "backend": "python",
