@@ -296,6 +296,25 @@ def test_a_decoupled_model_is_unavailable_saying_why(
     assert index["add_sub"]["state"] == "READY"
 
 
+def test_an_unload_finalizes_the_models_instances(tmp_path: Path, redis_url: str) -> None:
+    repo = tmp_path / "models"
+    shutil.copytree(MODELS / "init_args", repo / "init_args")
+    args = ["--model-repository", str(repo), "--redis-url", redis_url]
+    explicit = ["--model-control-mode", "explicit", "--load-model", "init_args"]
+    svc = start_service([*args, *explicit])
+    try:
+        with httpclient.InferenceServerClient(svc.http_url) as client:
+            assert client.is_model_ready("init_args")
+            assert not list((repo / "init_args").glob("finalized-*"))
+            client.unload_model("init_args")
+            wait_until(
+                lambda: bool(list((repo / "init_args").glob("finalized-*"))), "finalize on unload"
+            )
+            assert svc.process.poll() is None
+    finally:
+        stop_service(svc)
+
+
 def test_finalize_is_called_when_the_worker_stops(service: Service, repo: Path) -> None:
     """Runs last: it stops the module's service."""
     assert not list((repo / "init_args").glob("finalized-*"))
