@@ -33,9 +33,9 @@ def _parameters_json(parameters: dict[str, Any] | str | None) -> str:
     if isinstance(parameters, str):
         return parameters
     for key, value in parameters.items():
-        if not isinstance(key, str) or not isinstance(value, bool | int | str):
+        if not isinstance(key, str) or not isinstance(value, bool | int | float | str):
             raise TritonModelException(
-                f"parameter '{key}': keys must be strings and values bool, int or str"
+                f"parameter '{key}': keys must be strings and values bool, int, float or str"
             )
     return orjson.dumps(parameters).decode()
 
