@@ -70,14 +70,16 @@ def load_outcome(name: str, generation: int, workers: list[Member], anywhere: bo
     """The load's outcome from the workers' heartbeats; `anywhere`: every worker can load it
     (its files came with the load), else only those whose repository holds it."""
     candidates = [w for w in workers if anywhere or name in w.repository]
-    reasons: list[str] = []
-    for worker in candidates:
-        status = worker.models.get(name)
-        if status is None or status.generation < generation:
-            return LoadOutcome(False, [])  # still loading there
-        if status.current_state == READY and not status.reason:
-            return LoadOutcome(True, [])
-        reasons.append(status.reason or f"state {status.current_state}")
+    applied = [
+        status
+        for worker in candidates
+        if (status := worker.models.get(name)) is not None and status.generation >= generation
+    ]
+    if any(s.current_state == READY and not s.reason for s in applied):
+        return LoadOutcome(True, [])
+    if len(applied) < len(candidates):
+        return LoadOutcome(False, [])  # still loading on some
+    reasons = [s.reason or f"state {s.current_state}" for s in applied]
     if not candidates:
         reasons.append("no live worker serves the model's repository")
     return LoadOutcome(False, sorted(set(reasons)))

@@ -210,6 +210,17 @@ def test_failed_and_unknown_loads_answer_as_triton(explicit: Service) -> None:
     assert _call(explicit, "POST", "/v2/repository/models/affine/unload", unload)[0] == 400
 
 
+def test_a_failed_reload_leaves_the_model_serving(explicit: Service) -> None:
+    bad = {**AFFINE_OVERRIDE, "dynamic_batching": {"preferred_batch_size": [16]}}
+    load = {"parameters": {"config": json.dumps(bad)}}
+    status, body = _call(explicit, "POST", "/v2/repository/models/affine/load", load)
+    assert status == 400 and "preferred_batch_size" in body["error"]
+    assert _index(explicit)["affine"] == [{"name": "affine", "version": "1", "state": "READY"}]
+    assert _output(_infer(explicit, "affine", "X", 1.0)) == [3.0] * 4
+    config = _call(explicit, "GET", "/v2/models/affine/config")[1]
+    assert config["max_batch_size"] == 64  # the repository's, as before the failed load
+
+
 def test_a_worker_started_after_a_load_follows_it(explicit: Service) -> None:
     with _client(explicit) as client:
         client.load_model("batch8")
@@ -227,12 +238,20 @@ def test_a_worker_started_after_a_load_follows_it(explicit: Service) -> None:
         def late_worker() -> Member | None:
             return next((w for w in _workers(url) if w.id not in first), None)
 
+        def followed_all() -> bool:
+            worker = late_worker()
+            return worker is not None and {"affine", "batch8", "broken"} <= set(worker.models)
+
         wait_until(lambda: len(_serves(url, "batch8")) == 3, "the late worker serving batch8")
+        wait_until(followed_all, "the late worker following every load")
         worker = late_worker()
         assert worker is not None
-        assert "affine" not in worker.models  # --load-model is each process's own start-up
-        broken = worker.models["broken"]  # the fleet's failed load of it, failing here too
-        assert not broken.ready_versions and broken.reason
+        # the fleet's last loads, failed ones too: broken, and affine's bad override (the
+        # workers that loaded affine before it keep serving their earlier config)
+        for model, reason in (("broken", "preferred_batch_size"), ("affine", "preferred")):
+            status = worker.models[model]
+            assert not status.ready_versions and reason in (status.reason or "")
+        assert len(_serves(url, "affine")) == 2
     finally:
         stop_service(late)
 

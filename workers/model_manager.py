@@ -296,42 +296,53 @@ class ModelManager:
             return
         if current is None:
             self._set(name, ModelStatus([], None, LOADING, self._generation(name)))
-        files_dir = None
-        if wanted.has_files:
-            files = await read_files(self.redis, name)
-            files_dir = self.overrides_dir / f"g{wanted.generation}" / name
-            await asyncio.to_thread(_write_files, files_dir, files)
-            model_dir = files_dir
+        files_dir = (
+            self.overrides_dir / f"g{wanted.generation}" / name if wanted.has_files else None
+        )
         try:
-            entry = await asyncio.to_thread(
-                scan_model, model_dir, config_json=wanted.config_json, complete=self.complete
-            )
-            if entry.error or entry.spec is None:
-                raise ModelConfigError(entry.error or "no model config")
-            instances, device = await asyncio.to_thread(load_model, entry)
+            entry, instances, device = await self._build(name, wanted, files_dir or model_dir)
         except Exception as exc:  # any failure of a model's files or code is its load's reason
             reason = exc.message if isinstance(exc, ModelConfigError) else f"{exc}"
             log.error("model %r not loaded: %s", name, reason)
-            self._sources[name] = Source(seen, wanted.overridden, files_dir)
-            if current is not None:  # the old one keeps serving, as in Triton
+            if files_dir is not None:
+                shutil.rmtree(files_dir, ignore_errors=True)
+            # the directory as seen, so that a poll tries again only once it changes
+            if current is not None and source is not None:  # the old one keeps serving
+                self._sources[name] = Source(seen, source.overridden, source.files_dir)
                 versions = self._versions(current)
                 self._set(name, ModelStatus(versions, reason, READY, wanted.generation))
             else:
+                self._sources[name] = Source(seen, wanted.overridden or wanted.has_files)
                 self._set(name, ModelStatus([], reason, UNAVAILABLE, wanted.generation))
             return
         assert entry.spec is not None
         consumer = f"{self.consumer}/{next(self._consumer_numbers)}"
         queue = self.make_queue(entry.spec, instances, device, consumer)
         self._run(name, queue)
-        retired_source = self._sources.get(name)
         self._sources[name] = Source(seen, wanted.overridden or wanted.has_files, files_dir)
         versions = sorted(instances)
         self._set(name, ModelStatus(versions, None, READY, wanted.generation))
         log.info("model %r versions %s ready on %s", name, tuple(versions), device)
         if current is not None:
             await self._retire(current)
-            if retired_source is not None and retired_source.files_dir is not None:
-                shutil.rmtree(retired_source.files_dir, ignore_errors=True)
+            if source is not None and source.files_dir is not None:
+                shutil.rmtree(source.files_dir, ignore_errors=True)
+
+    async def _build(
+        self, name: str, wanted: DesiredModel, model_dir: Path
+    ) -> tuple[ModelEntry, dict[int, list[Infer]], torch.device]:
+        """The model's entry and instances, from its directory or (`file:` overrides) from the
+        private one they are written to; off the event loop."""
+        if wanted.has_files:
+            files = await read_files(self.redis, name)
+            await asyncio.to_thread(_write_files, model_dir, files)
+        entry = await asyncio.to_thread(
+            scan_model, model_dir, config_json=wanted.config_json, complete=self.complete
+        )
+        if entry.error or entry.spec is None:
+            raise ModelConfigError(entry.error or "no model config")
+        instances, device = await asyncio.to_thread(load_model, entry)
+        return entry, instances, device
 
     async def _unload(self, name: str, generation: int) -> None:
         queue = self.queues.get(name)
