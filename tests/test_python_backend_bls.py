@@ -66,8 +66,9 @@ def test_a_call_goes_through_the_targets_stream_and_back(redis: Any, bls: BlsCli
 
 def test_a_priority_goes_to_its_levels_stream(redis: Any, bls: BlsClient) -> None:
     _register(redis, {**CONFIG, "dynamic_batching": {"priority_levels": 2}})
-    bls.submit(_call(parameters={"priority": 2}, wait_s=0.01))
+    pending = bls.submit(_call(parameters={"priority": 2}, wait_s=0.01))
     wait_until(lambda: redis.xlen(keys.request_stream("target", 2)) == 1, "the level 2 stream")
+    assert pending.result(timeout=30).error == ("UNAVAILABLE", "Request timeout expired")
 
 
 @pytest.mark.parametrize(
@@ -99,6 +100,15 @@ def test_a_full_queue_refuses_the_call(redis: Any, bls: BlsClient) -> None:
     assert result.error is not None
     assert result.error[0] == "UNAVAILABLE"
     assert "Exceeds maximum queue size" in result.error[1]
+
+
+def test_closing_cancels_the_calls_still_waiting(redis: Any, redis_url: str) -> None:
+    _register(redis, CONFIG)
+    client = BlsClient(redis_url)
+    pending = client.submit(_call())
+    wait_until(lambda: redis.xlen(keys.request_stream("target")) == 1, "the request")
+    client.close()
+    assert pending.cancelled()
 
 
 def test_closing_removes_the_reply_stream(redis: Any, redis_url: str) -> None:

@@ -231,9 +231,12 @@ class BlsClient:
             self._loop.close()
 
     async def _aclose(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            await asyncio.gather(self._reader, return_exceptions=True)
+        """Calls still waiting are cancelled (their callers get CancelledError), then the
+        reply reader, then the connections."""
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
         if self._redis is not None:
             await self._redis.delete(self.reply_stream)
             await self._redis.aclose()
