@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import shutil
+import threading
 from collections.abc import Iterator
 from functools import partial
 from typing import Any
@@ -324,19 +326,26 @@ def test_a_cancelled_call_leaves_the_queue(
 ) -> None:
     """A client deadline shorter than batch8's batching delay: the gateway tells the workers
     to drop the request, as it does for a closed HTTP connection."""
-    redis = sync_client(service.redis_url)
-    cancels = redis.pubsub()
-    cancels.subscribe(keys.cancel_channel("batch8"))
-    try:
+    with _expect_a_cancel(service.redis_url, "batch8"):
         with pytest.raises(InferenceServerException) as err:
             client.infer(
                 "batch8", [_input("IN", np.ones((1, 4), np.float32), "FP32")], client_timeout=0.3
             )
         assert _status(err) == "StatusCode.DEADLINE_EXCEEDED"
+
+
+@contextlib.contextmanager
+def _expect_a_cancel(redis_url: str, model: str) -> Iterator[None]:
+    """What runs inside must make the gateway publish a cancel for one of `model`'s requests."""
+    redis = sync_client(redis_url)
+    cancels = redis.pubsub()
+    cancels.subscribe(keys.cancel_channel(model))
+    try:
+        yield
         message = None
         while message is None or message["type"] != "message":
             message = cancels.get_message(timeout=10)
-            assert message is not None, "no cancel published"
+            assert message is not None, f"no cancel published for {model}"
     finally:
         cancels.close()
         redis.close()
@@ -529,3 +538,66 @@ def _echo_bytes_through(target: str, headers: dict[str, str] | None) -> int:
 def test_responses_are_compressed_at_the_level_asked(guarded: Service, service: Service) -> None:
     assert _echo_bytes_through(service.grpc_url, None) > 600_000
     assert _echo_bytes_through(guarded.grpc_url, AUTH) < 100_000
+
+
+# -- cancellation and shutdown ----------------------------------------------------------------
+
+
+def _when_queued(redis_url: str, model: str) -> Any:
+    """A waiter that returns once a request more than now is on the model's stream."""
+    redis = sync_client(redis_url)
+    stream = keys.request_stream(model)
+    before = redis.xlen(stream)
+
+    def wait() -> None:
+        try:
+            wait_until(lambda: redis.xlen(stream) > before, f"a request queued for {model}")
+        finally:
+            redis.close()
+
+    return wait
+
+
+def _batch8_request() -> Any:
+    tensor = pb.ModelInferRequest.InferInputTensor(name="IN", datatype="FP32", shape=[1, 4])
+    tensor.contents.fp32_contents.extend([1, 2, 3, 4])
+    return pb.ModelInferRequest(model_name="batch8", id="held", inputs=[tensor])
+
+
+def test_cancelling_a_stream_cancels_its_queued_requests(stub: Any, service: Service) -> None:
+    done_sending = threading.Event()
+
+    def requests() -> Iterator[Any]:
+        yield _batch8_request()
+        done_sending.wait(30)  # the stream stays open until the call is cancelled
+
+    queued = _when_queued(service.redis_url, "batch8")
+    call = stub.ModelStreamInfer(requests())
+    try:
+        with _expect_a_cancel(service.redis_url, "batch8"):
+            queued()
+            call.cancel()
+    finally:
+        done_sending.set()
+
+
+def test_a_stopping_gateway_answers_its_calls_in_flight(service: Service) -> None:
+    gateway = start_sluice("gateway", ["--redis-url", service.redis_url])
+    results: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    try:
+        with grpcclient.InferenceServerClient(gateway.grpc_url) as client:
+            queued = _when_queued(service.redis_url, "batch8")
+            x = np.ones((1, 4), np.float32)
+            client.async_infer(
+                "batch8",
+                [_input("IN", x, "FP32")],
+                lambda result, error: results.put((result, error)),
+            )
+            queued()
+            gateway.process.terminate()
+            result, error = results.get(timeout=60)
+        assert error is None, error
+        np.testing.assert_array_equal(result.as_numpy("OUT"), x * 2)
+        assert gateway.process.wait(60) == 0
+    finally:
+        stop_service(gateway)
