@@ -216,6 +216,8 @@ class ModelTable:
             if view.withdrawn:
                 view.ready_versions.clear()
             view.state = next((s for s in STATE_ORDER if s in seen), UNAVAILABLE)
+            if view.withdrawn and READY in seen:  # some worker has yet to apply the unload
+                view.state = UNLOADING
             if view.ready_versions or view.state in (LOADING, UNLOADING):
                 view.reason = None
             elif view.reason is None:

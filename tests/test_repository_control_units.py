@@ -96,7 +96,11 @@ def test_the_table_withdraws_a_model_unloaded_on_purpose() -> None:
     records = {b"m": encode_model_record(config, [1], None)}
     serving = [_worker("a", ["m"], m=ModelStatus([1], None, READY, 2))]
     views = ModelTable._views(records, serving, {"m": DesiredModel(3, False)})
-    assert views["m"].withdrawn and not views["m"].ready and views["m"].reason == "unloaded"
+    assert views["m"].withdrawn and not views["m"].ready
+    assert (views["m"].state, views["m"].reason) == (UNLOADING, None)  # not applied yet
+    unloaded = [_worker("a", ["m"], m=ModelStatus([], "unloaded", UNAVAILABLE, 3))]
+    views = ModelTable._views(records, unloaded, {"m": DesiredModel(3, False)})
+    assert (views["m"].state, views["m"].reason) == (UNAVAILABLE, "unloaded")
     unloading = [_worker("a", ["m"], m=ModelStatus([], None, UNLOADING, 3))]
     views = ModelTable._views(records, unloading, {})
     assert views["m"].withdrawn and views["m"].state == UNLOADING and views["m"].reason is None

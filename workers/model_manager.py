@@ -156,9 +156,13 @@ class ModelManager:
         return [n for n in names if n in self.models]
 
     def in_scope(self, name: str, desired: DesiredModel | None = None) -> bool:
+        """Whether this worker applies the model's desired state: it is in the repository,
+        or comes with its files, or is served here already (from files: its unload)."""
         if self.models is not None and name not in self.models:
             return False
-        return (desired is not None and desired.has_files) or (self.repository / name).is_dir()
+        if name in self.queues or (desired is not None and desired.has_files):
+            return True
+        return (self.repository / name).is_dir()
 
     def announces(self, name: str) -> bool:
         """Whether this worker's config of the model is current (not behind a newer load)."""
