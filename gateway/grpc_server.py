@@ -8,6 +8,7 @@ from typing import Any
 import grpc
 from sluice.gateway.core import GatewayCore
 from sluice.gateway.grpc_app import InferenceServicer
+from sluice.gateway.grpc_health import health_handler
 from sluice.gateway.grpc_options import GrpcOptions
 from tritonclient.grpc import service_pb2_grpc
 
@@ -22,7 +23,8 @@ def _address(host: str, port: int) -> str:
 async def start_grpc(
     core: GatewayCore, options: GrpcOptions, host: str, auth_token: str | None
 ) -> Any:
-    """Start serving `inference.GRPCInferenceService`; the running grpc.aio.Server."""
+    """Start serving `inference.GRPCInferenceService` and the gRPC health check; the running
+    grpc.aio.Server."""
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", options.max_message_bytes),
@@ -35,6 +37,7 @@ async def start_grpc(
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
         InferenceServicer(core, auth_token), server
     )
+    server.add_generic_rpc_handlers((health_handler(core.ready),))
     address = _address(host, options.port)
     try:
         server.add_insecure_port(address)

@@ -601,3 +601,13 @@ def test_a_stopping_gateway_answers_its_calls_in_flight(service: Service) -> Non
         assert gateway.process.wait(60) == 0
     finally:
         stop_service(gateway)
+
+
+def test_the_grpc_health_check_says_serving(service: Service) -> None:
+    """grpc.health.v1.Health/Check, as probes send it: HealthCheckRequest{service: ""}."""
+    with grpc.insecure_channel(service.grpc_url) as channel:
+        check = channel.unary_unary("/grpc.health.v1.Health/Check")
+        assert check(b"") == b"\x08\x01"  # status: SERVING
+        with pytest.raises(grpc.RpcError) as err:
+            channel.unary_unary("/grpc.health.v1.Health/Watch")(b"")
+        assert err.value.code() == Status.UNIMPLEMENTED
