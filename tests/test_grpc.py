@@ -307,6 +307,38 @@ def test_errors_carry_tritons_status_codes(
     assert message in err.value.message()
 
 
+def test_an_unknown_version_is_not_found(client: grpcclient.InferenceServerClient) -> None:
+    x = np.ones((1, 4), np.float32)
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("batch8", [_input("IN", x, "FP32")], model_version="7")
+    assert _status(err) == "StatusCode.NOT_FOUND"
+    assert "'batch8' version 7 is not found" in err.value.message()
+
+
+def test_concurrent_grpc_requests_fill_one_batch(client: grpcclient.InferenceServerClient) -> None:
+    def batches() -> dict[int, int]:
+        stats = client.get_inference_statistics("batch8", "1", as_json=True)["model_stats"][0]
+        ran = stats.get("batch_stats", [])  # as_json leaves out what is empty or 0
+        return {int(b["batch_size"]): int(b["compute_infer"].get("count", 0)) for b in ran}
+
+    before = batches()
+    results: queue.Queue[tuple[int, Any, Any]] = queue.Queue()
+    x = np.ones((1, 4), np.float32)
+    for i in range(8):
+        client.async_infer(
+            "batch8",
+            [_input("IN", x * i, "FP32")],
+            partial(lambda i, result, error: results.put((i, result, error)), i),
+        )
+    for _ in range(8):
+        i, result, error = results.get(timeout=30)
+        assert error is None, error
+        np.testing.assert_array_equal(result.as_numpy("OUT"), x * i * 2)
+    after = batches()
+    assert after.get(8, 0) - before.get(8, 0) == 1
+    assert sum(after.values()) - sum(before.values()) == 1
+
+
 def test_a_request_past_its_deadline_is_unavailable(
     client: grpcclient.InferenceServerClient,
 ) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
+import redis
 from sluice.gateway.core import InferOutcome
 from sluice.gateway.grpc_app import grpc_status
 from sluice.gateway.grpc_codec import CONTENTS_FIELD, GrpcInfer, infer_response
@@ -179,6 +180,7 @@ class _NewError(errors.SluiceError):
         (errors.Conflict("x"), grpc.StatusCode.FAILED_PRECONDITION),
         (errors.ModelConfigError("x"), grpc.StatusCode.INVALID_ARGUMENT),
         (_NewError("x"), grpc.StatusCode.UNAVAILABLE),
+        (redis.exceptions.ConnectionError("refused"), grpc.StatusCode.UNAVAILABLE),
         (RuntimeError("bug"), grpc.StatusCode.INTERNAL),
     ],
 )
