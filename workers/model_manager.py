@@ -388,10 +388,18 @@ class ModelManager:
         """Stop a queue that no longer serves: it finishes what it holds, then what its read
         took but never saw goes back to the streams."""
         queue.stop()
-        task = self._tasks.pop(queue)
-        await asyncio.shield(task)
+        await asyncio.shield(self._tasks[queue])
+        del self._tasks[queue]
         await queue.reader.aclose()
-        await hand_back(self.redis, queue.streams, queue.consumer)
+        try:
+            await hand_back(self.redis, queue.streams, queue.consumer)
+        except REDIS_ERRORS as exc:  # Redis away: a live queue takes them over in time
+            log.warning(
+                "%s: entries of retired consumer %s left for a takeover after --claim-idle-ms (%s)",
+                queue.spec.name,
+                queue.consumer,
+                exc,
+            )
 
     def _versions(self, queue: ModelQueue) -> list[int]:
         return sorted(queue.instances.by_version)
