@@ -155,6 +155,7 @@ def test_explicit_start_loads_only_the_named_models(explicit: Service) -> None:
     assert index["broken"] == [{"name": "broken"}]
     with _client(explicit) as client:
         assert not client.is_model_ready("batch8")
+        assert {"name": "batch8"} in client.get_model_repository_index()
     assert _call(explicit, "GET", "/v2/health/ready")[0] == 200
 
 
