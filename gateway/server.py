@@ -11,7 +11,7 @@ import socket
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sluice.gateway.app import GatewayApp
 from sluice.gateway.bulk_api import BulkApi
@@ -30,6 +30,9 @@ from sluice.shared.http_server import HttpServer
 from sluice.shared.idle_poll import DEFAULT_WINDOW_US
 from sluice.shared.redis_client import REDIS_ERRORS, async_client
 from sluice.shared.tasks import stop_tasks
+
+if TYPE_CHECKING:
+    from sluice.gateway.grpc_server import GrpcPort
 
 log = logging.getLogger(__name__)
 
@@ -83,12 +86,13 @@ async def serve_gateway(
         asyncio.create_task(dispatcher.read_replies(), name="replies"),
         asyncio.create_task(table.run(), name="model-table"),
     ]
+    grpc_port = _grpc_port(core, config)
     settle_after_startup()
-    grpc_server: Any = None
     try:
         await http.start(config.host, config.http_port)
         await metrics.start(config.host, config.metrics_port)
-        grpc_server = await _start_grpc(core, config)
+        if grpc_port is not None:
+            await grpc_port.start()
         if on_ready is not None:
             background.append(asyncio.create_task(_announce_ready(table, on_ready)))
         await stop.wait()
@@ -104,7 +108,7 @@ async def serve_gateway(
             http.shutdown(wait_s, lambda: _fail_waiting(dispatcher, error), answer_s),
             metrics.shutdown(wait_s),
             # past the wait, requests still waiting get `error` (above): time to write it
-            grpc_server.stop(wait_s + answer_s) if grpc_server is not None else asyncio.sleep(0),
+            grpc_port.stop(wait_s + answer_s) if grpc_port is not None else asyncio.sleep(0),
         )
         await stop_tasks(background)
         await dispatcher.close()
@@ -115,14 +119,14 @@ async def serve_gateway(
         await waiter.aclose()
 
 
-async def _start_grpc(core: GatewayCore, config: GatewayConfig) -> Any:
-    """The running gRPC server, or None when gRPC is off. Its modules load only then: a
-    gateway without gRPC needs neither grpcio nor tritonclient's messages."""
+def _grpc_port(core: GatewayCore, config: GatewayConfig) -> GrpcPort | None:
+    """The gRPC port, not listening yet, or None when gRPC is off. Its modules load only
+    then: a gateway without gRPC needs neither grpcio nor tritonclient's messages."""
     if config.grpc is None or config.grpc.port == 0:
         return None
-    from sluice.gateway.grpc_server import start_grpc
+    from sluice.gateway.grpc_server import GrpcPort
 
-    return await start_grpc(core, config.grpc, config.host, config.limits.auth_token)
+    return GrpcPort(core, config.grpc, config.host, config.limits.auth_token)
 
 
 def _stop_on_signal(drain_timeout_s: float, http: HttpServer) -> asyncio.Event:
