@@ -391,8 +391,16 @@ def _poll_mode(redis_url: str, tmp_path: Path) -> None:
         assert _output(_infer(service, "affine", "X", 2.0)) == [5.0] * 4
 
         shutil.rmtree(repo / "affine")
-        wait_until(lambda: _state(service, "affine") != "READY", "affine unloaded")
+        wait_until(lambda: _state(service, "affine") != "READY", "affine unloading")
         assert _infer(service, "affine", "X", 1.0)[0] == 400
+        wait_until(lambda: _index(service)["affine"][0].get("reason") == "unloaded", "unloaded")
+        assert _state(service, "affine") == "UNAVAILABLE"
         assert _state(service, "batch8") == "READY"
+        assert _call(service, "GET", "/v2/health/ready")[0] == 200  # removed on purpose
+
+        shutil.copytree(HERE / "model_repo" / "affine", repo / ".affine")
+        (repo / ".affine").rename(repo / "affine")  # back again: loaded again
+        wait_until(lambda: _state(service, "affine") == "READY", "affine loaded again")
+        assert _output(_infer(service, "affine", "X", 1.0)) == [3.0] * 4
     finally:
         stop_service(service)

@@ -260,11 +260,14 @@ class ModelManager:
     # -- poll mode ------------------------------------------------------------------------------
 
     async def poll(self, interval_s: float) -> None:
-        """Poll mode: every `interval_s`, load new models, reload changed ones, unload removed."""
+        """Poll mode: every `interval_s`, load new models, reload changed ones, unload removed
+        ones (a model still being loaded or unloaded is looked at again once it is done)."""
         while True:
             await asyncio.sleep(interval_s)
             present = set(self.scope())
             for name in sorted(present | set(self.statuses)):
+                if name in self._appliers:
+                    continue
                 if name in present:
                     seen = await asyncio.to_thread(fingerprint, self.repository / name)
                     source = self._sources.get(name)
@@ -273,11 +276,11 @@ class ModelManager:
                     change = DesiredModel(next(self._poll_generations), True)
                 elif name in self.queues:
                     change = DesiredModel(next(self._poll_generations), False)
-                else:  # removed, and not loaded: it leaves the index
-                    if name not in self._appliers:
-                        self.statuses.pop(name, None)
-                        self._sources.pop(name, None)
-                        self.on_change()
+                else:  # removed and not loaded (any more): unloaded, whatever it was before
+                    if self.statuses[name].reason != UNLOADED:
+                        generation = next(self._poll_generations)
+                        self._set(name, ModelStatus([], UNLOADED, UNAVAILABLE, generation))
+                    self._sources.pop(name, None)
                     continue
                 self._wanted[name] = change
                 self._ensure_applier(name)
