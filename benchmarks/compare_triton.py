@@ -219,7 +219,8 @@ def serving(repo: Path, port: int) -> Iterator[tuple[str, str]]:
     with EmbeddedRedis() as server:
         command = [sys.executable, "-m", "sluice", "serve", "--model-repository", str(repo)]
         command += ["--redis-url", server.url, "--http-port", str(port)]
-        command += ["--metrics-port", str(port + 2), "--log-level", "warning"]
+        command += ["--grpc-port", str(port + 1), "--metrics-port", str(port + 2)]
+        command += ["--log-level", "warning"]
         serve = subprocess.Popen(command)
         url = f"127.0.0.1:{port}"
         try:

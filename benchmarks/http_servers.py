@@ -40,7 +40,7 @@ CLEAR_P50_GAIN_MS = 0.2
 
 
 def gateway_command(server: str, redis_url: str, port: int) -> list[str]:
-    options = ["--redis-url", redis_url, "--http-port", str(port)]
+    options = ["--redis-url", redis_url, "--http-port", str(port), "--grpc-port", str(port + 1)]
     options += ["--metrics-port", str(port + 2), "--log-level", "warning"]
     if server == "own":
         return [sys.executable, "-m", "sluice", "gateway", *options]

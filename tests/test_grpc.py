@@ -643,3 +643,9 @@ def test_the_grpc_health_check_says_serving(service: Service) -> None:
         with pytest.raises(grpc.RpcError) as err:
             channel.unary_unary("/grpc.health.v1.Health/Watch")(b"")
         assert err.value.code() == Status.UNIMPLEMENTED
+
+
+def test_serve_names_its_grpc_port_when_ready(service: Service) -> None:
+    port = service.grpc_url.rsplit(":", 1)[1]
+    [ready] = [line for line in service.log if "sluice ready" in line]
+    assert f"gRPC on :{port}" in ready

@@ -52,6 +52,7 @@ def busy_port() -> Iterator[int]:
 
 def _serve(repo: Path, *args: str) -> tuple[int, list[str]]:
     ports = ("--http-port", str(free_port()), "--metrics-port", str(free_port()))
+    ports += ("--grpc-port", str(free_port()))
     return _start("serve", "--model-repository", str(repo), *ports, *args)
 
 
@@ -66,6 +67,13 @@ def test_a_busy_metrics_port(model_repo: Path, busy_port: int) -> None:
     assert _serve(model_repo, "--metrics-port", str(busy_port)) == (
         2,
         [f"sluice: --metrics-port {busy_port}: address already in use"],
+    )
+
+
+def test_a_busy_grpc_port(model_repo: Path, busy_port: int) -> None:
+    assert _serve(model_repo, "--grpc-port", str(busy_port)) == (
+        2,
+        [f"sluice: --grpc-port {busy_port}: address already in use"],
     )
 
 
@@ -116,6 +124,7 @@ def test_a_bad_url_scheme_hides_the_password(model_repo: Path) -> None:
 
 def test_gateway_and_worker_check_too(model_repo: Path, busy_port: int, redis_url: str) -> None:
     gateway = ("gateway", "--redis-url", redis_url, "--metrics-port", str(busy_port))
+    gateway += ("--grpc-port", str(free_port()))
     assert _start(*gateway) == (2, [f"sluice: --metrics-port {busy_port}: address already in use"])
     worker = ("worker", "--redis-url", redis_url, "--model-repository", str(model_repo))
     assert _start(*worker, "--health-port", str(busy_port)) == (
