@@ -24,6 +24,7 @@ from sluice.shared.errors import (
     ModelNotReady,
     SluiceError,
     Unauthorized,
+    Unsupported,
 )
 from sluice.shared.redis_client import REDIS_ERRORS
 from tritonclient.grpc import model_config_pb2 as mc
@@ -41,6 +42,7 @@ STATUS_BY_CODE = {
     "INVALID_CONFIG": Status.INVALID_ARGUMENT,
     "NOT_FOUND": Status.NOT_FOUND,
     "NOT_FOUND_JOB": Status.NOT_FOUND,
+    "NOT_FOUND_ENTITY": Status.NOT_FOUND,
     # Triton: "Request for unknown model: 'm' has no available versions" is NOT_FOUND
     "UNAVAILABLE_MODEL": Status.NOT_FOUND,
     "UNAVAILABLE": Status.UNAVAILABLE,
@@ -65,9 +67,6 @@ STATUS_BY_HTTP = {
     501: Status.UNIMPLEMENTED,
     503: Status.UNAVAILABLE,
 }
-
-#: RPCs answered without a token: the probes orchestrators send.
-OPEN_RPCS = ("ServerLive", "ServerReady")
 
 
 def grpc_status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
@@ -326,13 +325,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         await context.abort(Status.UNAVAILABLE, "the server does not support dynamic logging")
 
 
-class _Unsupported(SluiceError):
-    code = "UNSUPPORTED"
-    http_status = 501
-
-
 def _no_shared_memory() -> SluiceError:
-    return _Unsupported(
+    return Unsupported(
         "shared memory is not supported: a sluice gateway does not share memory with its "
         "clients or workers; send tensors in the request"
     )

@@ -179,6 +179,10 @@ class _NewError(errors.SluiceError):
         (errors.RequestTimeout("x"), grpc.StatusCode.DEADLINE_EXCEEDED),
         (errors.Conflict("x"), grpc.StatusCode.FAILED_PRECONDITION),
         (errors.ModelConfigError("x"), grpc.StatusCode.INVALID_ARGUMENT),
+        (errors.NotFound("x"), grpc.StatusCode.NOT_FOUND),
+        (errors.Unsupported("x"), grpc.StatusCode.UNIMPLEMENTED),
+        (errors.AlreadyExists("x"), grpc.StatusCode.ALREADY_EXISTS),
+        (errors.UnknownError("x"), grpc.StatusCode.UNKNOWN),
         (_NewError("x"), grpc.StatusCode.UNAVAILABLE),
         (redis.exceptions.ConnectionError("refused"), grpc.StatusCode.UNAVAILABLE),
         (RuntimeError("bug"), grpc.StatusCode.INTERNAL),
@@ -186,8 +190,3 @@ class _NewError(errors.SluiceError):
 )
 def test_every_error_has_its_status(error: Exception, status: grpc.StatusCode) -> None:
     assert grpc_status(error)[0] == status
-
-
-def test_an_unsupported_request_is_unimplemented_as_in_triton() -> None:
-    unsupported = type("Unsupported", (errors.SluiceError,), {"code": "UNSUPPORTED"})
-    assert grpc_status(unsupported("x")) == (grpc.StatusCode.UNIMPLEMENTED, "x")
