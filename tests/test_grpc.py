@@ -649,3 +649,16 @@ def test_serve_names_its_grpc_port_when_ready(service: Service) -> None:
     port = service.grpc_url.rsplit(":", 1)[1]
     [ready] = [line for line in service.log if "sluice ready" in line]
     assert f"gRPC on :{port}" in ready
+
+
+async def test_the_asyncio_client_too(service: Service) -> None:
+    import tritonclient.grpc.aio as aioclient
+
+    async with aioclient.InferenceServerClient(service.grpc_url) as client:
+        assert await client.is_model_ready("affine")
+        x = np.arange(8, dtype=np.float32).reshape(2, 4)
+        tensor = aioclient.InferInput("X", [2, 4], "FP32")
+        tensor.set_data_from_numpy(x)
+        result = await client.infer("affine", [tensor], request_id="aio")
+        np.testing.assert_array_equal(result.as_numpy("Y"), x * 2 + 1)
+        assert result.get_response().id == "aio"
