@@ -28,6 +28,7 @@ from tests.redis_cluster import EmbeddedCluster
 
 NOT_EXPLICIT = "explicit model load / unload is not allowed if polling is enabled"
 NO_VERSIONS = "Request for unknown model: '{}' has no available versions"
+EXPLICIT = ["--model-control-mode", "explicit"]
 SERVE = ["--grpc-port", "0", "--bulk-workers", "0", "--claim-idle-ms", "1000"]
 
 
@@ -231,7 +232,7 @@ def test_a_worker_started_after_a_load_follows_it(explicit: Service) -> None:
     url = explicit.redis_url
     late = start_sluice(
         "worker",
-        ["--model-repository", repo, "--redis-url", url, "--model-control-mode", "explicit"],
+        [*("--model-repository", repo, "--redis-url", url), *EXPLICIT, "--load-model", "nope"],
         ready="'batch8' versions",
     )
     try:
@@ -253,6 +254,7 @@ def test_a_worker_started_after_a_load_follows_it(explicit: Service) -> None:
             status = worker.models[model]
             assert not status.ready_versions and reason in (status.reason or "")
         assert len(_serves(url, "affine")) == 2
+        assert any("--load-model 'nope': no such model" in line for line in late.log)
     finally:
         stop_service(late)
 

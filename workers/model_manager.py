@@ -178,6 +178,8 @@ class ModelManager:
         """Load the models to serve from the start (`only`: these, else every one); blocking,
         run on a thread before the worker serves."""
         entries = scan_repository(self.repository, complete=self.complete)
+        for missing in (only or set()) - {e.name for e in entries}:
+            log.error("--load-model %r: no such model in %s", missing, self.repository)
         wanted = set(self.models) if self.models is not None else None
         if wanted is not None:
             entries = [e for e in entries if e.name in wanted]
