@@ -333,10 +333,10 @@ def test_a_config_override_under_load_changes_batching_and_loses_nothing(
         assert max(_batch_counts(explicit)) > 3  # 8 clients batch together under max 64
         with _client(explicit) as client:
             client.load_model("affine", config=json.dumps(AFFINE_OVERRIDE))
-        reloaded = len(answers)
-        wait_until(lambda: len(answers) >= reloaded + 40, "traffic after the reload")
-        settled = _batch_counts(explicit)  # the old queue has run what it held by now
-        wait_until(lambda: len(answers) >= reloaded + 160, "more traffic")
+        wait_until(lambda: _old_queues_retired(explicit.redis_url), "the old queues retired")
+        settled = _batch_counts(explicit)  # every batch of the old queues is counted by now
+        seen = len(answers)
+        wait_until(lambda: len(answers) >= seen + 120, "traffic under the new config")
         stop.set()
         for loop in loops:
             loop.result()
@@ -351,6 +351,18 @@ def test_a_config_override_under_load_changes_batching_and_loses_nothing(
     assert all(w.info["instances"]["affine"] == 2 for w in _workers(explicit.redis_url))
     status, body = _infer_rows(explicit, 4)  # the gateway validates with the new signature
     assert status == 400 and "batch-size must be <= 3" in body["error"]
+
+
+def _old_queues_retired(redis_url: str) -> bool:
+    """A reload's queue reads as `<worker>/<n>`; the one it replaced leaves the consumer
+    group once it has answered everything it held (workers/handoff.py)."""
+    client = sync_client(redis_url)
+    try:
+        consumers = client.xinfo_consumers(keys.request_stream("affine"), keys.WORKER_GROUP)
+    finally:
+        client.close()
+    names = [c["name"].decode() if isinstance(c["name"], bytes) else c["name"] for c in consumers]
+    return bool(names) and all("/" in name for name in names)
 
 
 def _infer_rows(service: Service, rows: int) -> tuple[int, Any]:
