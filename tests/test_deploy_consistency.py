@@ -167,6 +167,7 @@ def test_gateway_probes_drain_and_scrape() -> None:
     env = env_of(container)
     assert ports == {
         "http": int(env["SLUICE_HTTP_PORT"]["value"]),
+        "grpc": int(env["SLUICE_GRPC_PORT"]["value"]),
         "metrics": int(env["SLUICE_METRICS_PORT"]["value"]),
     }
     assert env["SLUICE_HOST"]["value"] == "0.0.0.0"
@@ -301,7 +302,8 @@ def test_compose_workers_and_gateway() -> None:
     assert (DEPLOY / models["source"]).resolve() == EXAMPLE_REPOSITORY.resolve()
     assert "8003" in worker["healthcheck"]["test"][-1]
     assert worker["environment"]["SLUICE_HEALTH_PORT"] == "8003"
-    assert gateway["ports"] == ["8000:8000", "8002:8002"]
+    assert gateway["ports"] == ["8000:8000", "8001:8001", "8002:8002"]
+    assert gateway["environment"]["SLUICE_GRPC_PORT"] == "8001"
     assert "/v2/health/ready" in gateway["healthcheck"]["test"][-1]
     # Prometheus scrapes sluice-gateway:8002 (deploy/prometheus/prometheus.yml)
     assert "sluice-gateway" in gateway["networks"]["default"]["aliases"]
