@@ -1,9 +1,10 @@
 """The base install (gateway, SDK, command line) runs without the worker's packages, and the
 wheel installs one top-level package.
 
-A subprocess hides torch, tritonclient and protobuf as if only `pip install sluice-serve` had
-run: importing any of them there fails, so an import that creeps onto the gateway's path fails
-here rather than on a gateway host with no torch.
+A subprocess hides torch (and tritonclient and protobuf, which the base install carries for the
+gRPC port alone and which the gateway imports only once it serves gRPC): importing any of them
+there fails, so an import that creeps onto the gateway's HTTP path fails here rather than on a
+gateway host with no torch.
 """
 
 from __future__ import annotations
