@@ -218,6 +218,8 @@ class GatewayCore:
     async def submit_bulk(self, model: str, version: str | None, upload: BulkUpload) -> BulkStatus:
         """Start a bulk job on the model (a named version must be ready)."""
         view = await self.view(model, version)
+        if view.withdrawn:
+            raise no_versions(model)
         resolved = view.resolve_version(version) if version else None
         return await self.bulk.submit(view.name, resolved, upload)
 

@@ -184,6 +184,9 @@ def test_a_load_is_followed_by_every_worker_and_an_unload_finishes(explicit: Ser
     status, body = _infer(explicit, "batch8", "IN", 1.0)
     assert (status, body) == (400, {"error": NO_VERSIONS.format("batch8")})
     assert _call(explicit, "GET", "/v2/models/batch8/config")[0] == 400
+    job = {"inputs": [{"name": "IN", "shape": [1, 4], "datatype": "FP32", "data": [1] * 4}]}
+    for path in ("/v2/models/batch8/jobs", "/v2/models/batch8/bulk"):
+        assert _call(explicit, "POST", path, job) == (400, {"error": NO_VERSIONS.format("batch8")})
     assert _call(explicit, "GET", "/v2/health/ready")[0] == 200  # unloaded on purpose
 
 
