@@ -196,9 +196,7 @@ class Dispatcher:
                 for request in requests:
                     entry = encode_requests([request])
                     args += [entry["h"], entry["d"]]
-                commands.append(
-                    ENQUEUE.command([stream, keys.queue_sizes(route.model)], args)
-                )
+                commands.append(ENQUEUE.command([stream, keys.queue_sizes(route.model)], args))
                 bounded.append(requests)
                 continue
             for start in range(0, len(requests), route.max_per_entry):

@@ -92,8 +92,8 @@ def load_model(entry: ModelEntry) -> tuple[dict[int, list[Infer]], torch.device]
     device = choose_device(entry.spec)
     instances = {
         version: [
-            load_instance(entry.spec, entry.path, version, device)
-            for _ in range(entry.spec.instance_count)
+            load_instance(entry.spec, entry.path, version, device, index)
+            for index in range(entry.spec.instance_count)
         ]
         for version in entry.versions
     }
