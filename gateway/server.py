@@ -9,7 +9,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -29,6 +29,7 @@ from sluice.shared.gc_tuning import settle_after_startup
 from sluice.shared.http_server import HttpServer
 from sluice.shared.idle_poll import DEFAULT_WINDOW_US
 from sluice.shared.redis_client import REDIS_ERRORS, async_client
+from sluice.shared.registry import Member
 from sluice.shared.tasks import stop_tasks
 
 if TYPE_CHECKING:
@@ -66,9 +67,12 @@ async def serve_gateway(
     *,
     on_ready: Callable[[], None] | None = None,
     stop: asyncio.Event | None = None,
+    workers_up: Callable[[Sequence[Member]], bool] | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM (or, when given, until `stop` is set: then the caller
-    handles signals and bounds the whole drain), then answer in-flight requests and exit."""
+    handles signals and bounds the whole drain), then answer in-flight requests and exit.
+    `on_ready` is called once the fleet serves, and `workers_up` (given the fleet's live
+    members) says so too: serve's own workers have loaded their models."""
     gateway_id = f"gw-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     redis = async_client(config.redis_url)
     reader = async_client(config.redis_url, socket_timeout_s=None)
@@ -94,7 +98,8 @@ async def serve_gateway(
         if grpc_port is not None:
             await grpc_port.start()
         if on_ready is not None:
-            background.append(asyncio.create_task(_announce_ready(table, on_ready)))
+            announce = _announce_ready(table, on_ready, workers_up or (lambda _: True))
+            background.append(asyncio.create_task(announce))
         await stop.wait()
     finally:
         log.info("gateway stopping: answering in-flight requests")
@@ -148,8 +153,14 @@ def _fail_waiting(dispatcher: Dispatcher, error: Unavailable) -> None:
             future.set_exception(error)
 
 
-async def _announce_ready(table: ModelTable, on_ready: Callable[[], None]) -> None:
-    while not table.ready:
+async def _announce_ready(
+    table: ModelTable,
+    on_ready: Callable[[], None],
+    workers_up: Callable[[Sequence[Member]], bool],
+) -> None:
+    """Ready once the table is and the workers are: on a Redis that other fleets share, the
+    table may be ready with their models before this fleet's workers have loaded theirs."""
+    while not (table.ready and workers_up(table.members)):
         table.refreshed.clear()
         with contextlib.suppress(TimeoutError, *REDIS_ERRORS):
             await asyncio.wait_for(table.refreshed.wait(), timeout=1.0)

@@ -15,8 +15,10 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 import time
+from collections.abc import Sequence
 
 import orjson
 import uvloop
@@ -28,6 +30,7 @@ from sluice.options import Settings
 from sluice.settings import JOBS_WORKER_SETTINGS_ENV, WORKER_SETTINGS_ENV, ServeSettings
 from sluice.shared.drain_deadline import DrainDeadline, on_stop_signals
 from sluice.shared.redis_client import split_cluster_flag
+from sluice.shared.registry import Member
 
 log = logging.getLogger("sluice.serve")
 
@@ -78,6 +81,14 @@ class WorkerPool:
                 "%s %d (pid %d) exited with %s; restarting", self.argv[3], slot, process.pid, code
             )
             await asyncio.sleep(RESTART_DELAY_S)
+
+    def up(self, members: Sequence[Member]) -> bool:
+        """Every process of the pool has started and heartbeats (a worker does once it has
+        loaded its models)."""
+        here = socket.gethostname()
+        beating = {m.pid for m in members if m.host == here}
+        running = self.running()
+        return len(running) == self.count and beating.issuperset(running)
 
     def running(self) -> list[int]:
         return [p.pid for p in list(self.processes.values()) if p.returncode is None]
@@ -152,7 +163,7 @@ async def _serve(settings: ServeSettings, gateway: GatewayConfig) -> None:
         )
 
     try:
-        await serve_gateway(gateway, on_ready=announce, stop=stop)
+        await serve_gateway(gateway, on_ready=announce, stop=stop, workers_up=pools[0].up)
     finally:
         kill_at = (stop_at[0] if stop_at else loop.time()) + drain_s + KILL_MARGIN_S
         await asyncio.gather(*(pool.stop(kill_at) for pool in pools))

@@ -83,7 +83,7 @@ class InferenceRequest:
         correlation_id: int | str = 0,
         inputs: Sequence[Tensor] | None = None,
         requested_output_names: Sequence[str] | None = None,
-        model_name: str = "",
+        model_name: str | bytes = "",
         model_version: int = -1,
         flags: int = 0,
         timeout: int = 0,
@@ -95,7 +95,8 @@ class InferenceRequest:
         self._correlation_id = correlation_id
         self._inputs = list(inputs or [])
         self._outputs = list(requested_output_names or [])
-        self.model_name = model_name
+        # Triton's binding takes bytes too: models pass a name read from a BYTES input as is
+        self.model_name = model_name.decode() if isinstance(model_name, bytes) else model_name
         self.model_version = model_version
         self._flags = flags
         self._timeout = timeout

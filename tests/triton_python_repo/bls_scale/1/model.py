@@ -1,5 +1,6 @@
 # BLS in the shape of Triton's examples/bls/sync_model.py: each request's X goes to the
-# TorchScript model named by TARGET (scale by 2); its error, if any, answers the request.
+# TorchScript model named by TARGET (scale by 2), the name passed as bytes as Triton's example
+# does; its error, if any, answers the request.
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -12,7 +13,7 @@ class TritonPythonModel:
             target = pb_utils.get_input_tensor_by_name(request, "TARGET").as_numpy()[0][0]
             scale = np.full((x.shape[0], 1), 2.0, np.float32)
             infer_request = pb_utils.InferenceRequest(
-                model_name=target.decode(),
+                model_name=target,
                 requested_output_names=["OUTPUT__0"],
                 inputs=[pb_utils.Tensor("x", x), pb_utils.Tensor("scale", scale)],
             )
