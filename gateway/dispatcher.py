@@ -162,6 +162,14 @@ class Dispatcher:
             retry_after_s = None if self._outage_since is None else RETRY_AFTER_S
             future.set_exception(Unavailable(message, retry_after_s))
 
+    def abandon(self, model: str, error: Exception) -> None:
+        """Fail the requests still waiting on `model`, which no worker serves any more (it was
+        unloaded everywhere after they were sent): they get `error`, not a timeout."""
+        for request_id, (route, _) in list(self._sent.items()):
+            future = self.waiting.get(request_id)
+            if route.model == model and future is not None and not future.done():
+                future.set_exception(error)
+
     def cancel(self, model: str, request_id: str) -> None:
         """The client went away: stop waiting, and tell the workers not to run it."""
         future = self.waiting.get(request_id)

@@ -114,6 +114,9 @@ class ModelTable:
         #: an earlier explicit fleet left in Redis).
         self.follows_desired = False
         self.refreshed = asyncio.Event()
+        #: called with the name of each model unloaded everywhere, at every refresh: no worker
+        #: will read what is still queued for it.
+        self.on_unloaded: Callable[[str], None] = lambda _: None
         self._last_ok = 0.0
         self._reachable = False
 
@@ -168,6 +171,9 @@ class ModelTable:
             # again within a heartbeat; until then requests for them are queued, not refused
             if models_raw or not self.models:
                 self.models = self._views(models_raw, members, self.desired)
+            for view in self.models.values():
+                if view.withdrawn and view.state == UNAVAILABLE:
+                    self.on_unloaded(view.name)
             self._last_ok = time.monotonic()
             self._reachable = True
             self.refreshed.set()

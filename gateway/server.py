@@ -21,7 +21,7 @@ from sluice.gateway.grpc_options import GrpcOptions
 from sluice.gateway.job_operations import JobOperations
 from sluice.gateway.jobs import JobStore
 from sluice.gateway.metrics import MetricsApp
-from sluice.gateway.model_table import ModelTable
+from sluice.gateway.model_table import ModelTable, no_versions
 from sluice.gateway.outage import OutagePolicy
 from sluice.shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DrainDeadline, on_stop_signals
 from sluice.shared.errors import Unavailable
@@ -78,6 +78,7 @@ async def serve_gateway(
     reader = async_client(config.redis_url, socket_timeout_s=None)
     dispatcher = Dispatcher(redis, reader, gateway_id, config.idle_poll_us, config.outage)
     table = ModelTable(redis, gateway_id, dispatcher.inflight_snapshot)
+    table.on_unloaded = lambda model: dispatcher.abandon(model, no_versions(model))
     waiter = async_client(config.redis_url, socket_timeout_s=None)
     jobs = JobStore(redis, waiter, config.limits.job_ttl_s)
     bulk = BulkApi(config.redis_url)

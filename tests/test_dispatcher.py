@@ -161,3 +161,20 @@ async def test_it_polls_with_one_request_in_flight_and_not_with_more(redis_url: 
     await asyncio.gather(replies, return_exceptions=True)
     await redis.aclose()
     await reader.aclose()
+
+
+async def test_abandoning_a_model_fails_only_its_waiting_requests(dispatcher: Dispatcher) -> None:
+    """A model unloaded everywhere after its requests were sent: they fail with the error at
+    once (no worker will read them), while another model's request still gets its result."""
+    gone, kept = _request(dispatcher), _request(dispatcher)
+    lost = asyncio.create_task(dispatcher.submit(Route("unloaded"), gone, 30))
+    served = asyncio.create_task(dispatcher.submit(Route("served"), kept, 30))
+    await _entries(dispatcher.redis, "unloaded", 1)
+    await _entries(dispatcher.redis, "served", 1)
+    dispatcher.abandon("unloaded", Unavailable("gone for good"))
+    with pytest.raises(Unavailable, match="gone for good"):
+        await lost
+    assert not served.done()
+    await _answer(dispatcher.redis, dispatcher, kept.id)
+    assert (await served).id == kept.id
+    assert dispatcher.inflight_snapshot() == {}

@@ -24,6 +24,7 @@ from sluice.shared.registry import (
     Member,
     ModelStatus,
     encode_model_record,
+    now_ms,
 )
 from sluice.shared.repository import fingerprint
 from sluice.shared.repository_control import (
@@ -184,3 +185,32 @@ def test_a_retired_consumers_entries_go_back_to_the_stream(redis_url: str) -> No
             await redis.aclose()
 
     asyncio.run(scenario())
+
+
+def test_a_refresh_names_the_models_unloaded_everywhere(redis_url: str) -> None:
+    """What is still queued for a model no worker serves any more is abandoned at the next
+    refresh (the gateway fails those requests), not left to its timeout; a model some worker
+    still unloads, or serves, is not named."""
+    config = {"name": "m", "max_batch_size": 0, "input": [], "output": []}
+    statuses = {
+        "gone": ModelStatus([], "unloaded", UNAVAILABLE, 3),
+        "draining": ModelStatus([], None, UNLOADING, 3),
+        "served": ModelStatus([1], None, READY, 3),
+    }
+    worker = Member("w", "worker", "h", 1, now_ms(), statuses, {}, list(statuses))
+
+    async def refresh() -> list[str]:
+        redis = async_client(redis_url)
+        try:
+            for name in statuses:
+                await redis.hset(keys.MODELS, name, encode_model_record(config, [1], None))
+            await redis.hset(keys.FLEET, "w", worker.encode())
+            table = ModelTable(redis, "gw", dict)
+            named: list[str] = []
+            table.on_unloaded = named.append
+            await table.refresh()
+            return named
+        finally:
+            await redis.aclose()
+
+    assert asyncio.run(refresh()) == ["gone"]
