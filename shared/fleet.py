@@ -117,6 +117,7 @@ async def fleet_status(redis: AsyncClient) -> dict[str, Any]:
     members.sort(key=lambda m: (m.kind != "worker", m.id))
     records = {_text(name): decode_model_record(blob) for name, blob in models_raw.items()}
     served: dict[str, list[str]] = {}
+    states: dict[str, dict[str, int]] = {}
     for member in members:
         if member.kind != "worker":
             continue
@@ -124,6 +125,8 @@ async def fleet_status(redis: AsyncClient) -> dict[str, Any]:
             records.setdefault(name, {"config": None, "versions": [], "error": status.reason})
             if status.ready_versions:
                 served.setdefault(name, []).append(member.id)
+            counts = states.setdefault(name, {})
+            counts[status.current_state] = counts.get(status.current_state, 0) + 1
     names = sorted(records)
     levels = [QueuePolicy.from_config(records[n]["config"] or {}).levels for n in names]
     queues = await asyncio.gather(
@@ -135,6 +138,8 @@ async def fleet_status(redis: AsyncClient) -> dict[str, Any]:
             "versions": list(records[name]["versions"]),
             "error": None if name in served else records[name]["error"],
             "workers": served.get(name, []),
+            #: how many live workers hold the model in each state (READY, LOADING, ...).
+            "states": dict(sorted(states.get(name, {}).items())),
         }
         for name, queue in zip(names, queues, strict=True)
     }

@@ -71,9 +71,11 @@ def models_table(models: dict[str, dict[str, Any]]) -> Table:
     table.add_column("model")
     for column in ("queued", "lag", "pending", "oldest waiting", "dead letters"):
         table.add_column(column, justify="right")
+    table.add_column("workers by state")
     table.add_column("served by")
     for name, m in models.items():
         served = ", ".join(m["workers"]) or f"nobody ({m['error'] or 'no live worker'})"
+        by_state = ", ".join(f"{state} {n}" for state, n in m.get("states", {}).items())
         table.add_row(
             name,
             count(m["queue_depth"]),
@@ -81,6 +83,7 @@ def models_table(models: dict[str, dict[str, Any]]) -> Table:
             count(m["pending"]),
             seconds(m["oldest_waiting_ms"]),
             count(m["dead_letters"]),
+            by_state or NONE,
             served,
         )
     return table

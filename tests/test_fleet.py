@@ -139,6 +139,7 @@ def test_fleet_lists_every_member_and_drops_a_stopped_worker(fleet: Fleet, redis
     assert worker["models"]["affine"]["instances"] == 1
     assert len(status["models"]["affine"]["workers"]) == 3
     assert len(status["models"]["batch8"]["workers"]) == 1
+    assert status["models"]["affine"]["states"] == {"READY": 3}
 
     assert complete(json.loads(_status_cli(redis_url, "--json")))
     table = _status_cli(redis_url)
@@ -146,6 +147,7 @@ def test_fleet_lists_every_member_and_drops_a_stopped_worker(fleet: Fleet, redis
     for member in status["members"]:
         assert member["id"] in table
     assert "affine" in table and "batch8" in table
+    assert "READY 3" in table
 
     gone = fleet.workers[0].process.pid
     assert stop_service(fleet.workers[0]) == 0
