@@ -31,8 +31,38 @@ CONFIG_FILENAME = "config.pbtxt"
 #: with the parsed config and the model directory before the config is validated.
 Completer = Callable[[ModelConfig, Path], None]
 
-_PYTORCH_PLATFORMS = ("pytorch_libtorch", "libtorch")
-_DEFAULT_FILENAME = {"pytorch": "model.pt", "python": "model.py"}
+
+@dataclass(frozen=True, slots=True)
+class BackendRule:
+    """How Triton picks a backend from `platform` / `backend`, and what it fills in."""
+
+    #: sluice's name for the backend (ModelSpec.kind), which picks the worker's loader.
+    kind: str
+    #: the `backend` Triton fills in ("" for ensembles, which run on no backend).
+    backend: str
+    #: the platforms that select it; the first is what Triton fills in when only `backend` is
+    #: given (none: the backend has no platform name).
+    platforms: tuple[str, ...]
+    #: the model file's default name in a version folder ("" : none).
+    filename: str
+
+
+BACKEND_RULES = (
+    BackendRule("pytorch", "pytorch", ("pytorch_libtorch", "libtorch"), "model.pt"),
+    BackendRule("torch_aoti", "pytorch", ("torch_aoti",), "model.pt2"),
+    BackendRule("python", "python", (), "model.py"),
+    BackendRule("onnxruntime", "onnxruntime", ("onnxruntime_onnx",), "model.onnx"),
+    BackendRule("fil", "fil", (), "xgboost.model"),
+    BackendRule("ensemble", "", ("ensemble",), ""),
+)
+#: FIL's default file name follows its `model_type` parameter (fil_backend docs/model_config.md).
+FIL_FILENAMES = {
+    "xgboost": "xgboost.model",
+    "xgboost_json": "xgboost.json",
+    "xgboost_ubj": "xgboost.ubj",
+    "lightgbm": "model.txt",
+    "treelite_checkpoint": "checkpoint.tl",
+}
 _THREAD_PARAMETERS = ("INTRA_OP_THREAD_COUNT", "INTER_OP_THREAD_COUNT")
 #: sluice's own parameter: "fixed" always waits the batching delay out, as Triton does;
 #: "adaptive" (opt-in) skips it while a model's requests arrive further apart than it.
@@ -143,7 +173,7 @@ def load_model_config(
         batching=batching,
         instance_count=instance_count,
         instance_kind=instance_kind,
-        model_filename=cfg.default_model_filename or _DEFAULT_FILENAME[kind],
+        model_filename=cfg.default_model_filename or _default_filename(kind, parameters),
         parameters=parameters,
         intra_op_threads=intra,
         inter_op_threads=inter,
@@ -188,19 +218,29 @@ def _resolve_backend(cfg: ModelConfig, err: _Errors) -> str:
     platform, backend = cfg.platform, cfg.backend
     if not platform and not backend:
         raise err("platform", "must specify 'platform' or 'backend'")
-    if platform and platform not in _PYTORCH_PLATFORMS:
-        raise err("platform", f"unsupported platform '{platform}'")
-    if backend not in ("", "pytorch", "python"):
-        raise err("backend", f"unsupported backend '{backend}'")
-    if platform and backend == "python":
-        raise err("backend", f"backend '{backend}' does not match platform '{platform}'")
-    kind = "python" if backend == "python" else "pytorch"
-    cfg.backend = kind
-    if not platform and not cfg.default_model_filename:
-        cfg.default_model_filename = _DEFAULT_FILENAME[kind]
-    if kind == "pytorch" and not platform:
-        cfg.platform = _PYTORCH_PLATFORMS[0]
-    return kind
+    if platform:
+        rule = next((r for r in BACKEND_RULES if platform in r.platforms), None)
+        if rule is None:
+            raise err("platform", f"unsupported platform '{platform}'")
+        if backend and backend != rule.backend:
+            raise err("backend", f"backend '{backend}' does not match platform '{platform}'")
+    else:
+        rule = next((r for r in BACKEND_RULES if r.backend == backend), None)
+        if rule is None:
+            raise err("backend", f"unsupported backend '{backend}'")
+        if rule.platforms:
+            cfg.platform = rule.platforms[0]
+        if not cfg.default_model_filename:
+            parameters = {key: value.string_value for key, value in cfg.parameters.items()}
+            cfg.default_model_filename = _default_filename(rule.kind, parameters)
+    cfg.backend = rule.backend
+    return rule.kind
+
+
+def _default_filename(kind: str, parameters: dict[str, str]) -> str:
+    if kind == "fil":
+        return FIL_FILENAMES.get(parameters.get("model_type", "xgboost"), "xgboost.model")
+    return next(r.filename for r in BACKEND_RULES if r.kind == kind)
 
 
 def _tensors(

@@ -63,7 +63,9 @@ def load_instance(
     path = version_dir / spec.model_filename
     if spec.kind == "python":
         return _load_python(spec, model_dir, version, path, device, index)
-    return _load_torchscript(spec, path, device)
+    if spec.kind == "pytorch":
+        return _load_torchscript(spec, path, device)
+    raise ModelConfigError(f"{path}: no '{spec.kind}' backend in this worker")
 
 
 def close_instance(infer: Infer) -> None:
