@@ -22,7 +22,7 @@ from sluice.shared.datatypes import (
 from sluice.shared.errors import ModelExecutionError, SluiceError
 from sluice.shared.model_config import ModelSpec
 from sluice.shared.protocol import Request, Tensor
-from sluice.workers.models import Infer
+from sluice.workers.backends import Infer
 from sluice.workers.python_backend.instance import TritonInstance
 
 _TORCH_DTYPE_FOR_BF16 = torch.bfloat16

@@ -28,8 +28,8 @@ from sluice.shared.errors import ModelExecutionError, SluiceError
 from sluice.shared.model_config import ModelSpec
 from sluice.shared.protocol import Request, Result, Tensor
 from sluice.shared.stats import BatchStats
+from sluice.workers.backends import Infer, close_instance
 from sluice.workers.execution import BatchOutputs, adopt_torch_threads, run_batch
-from sluice.workers.models import Infer, close_instance
 from sluice.workers.python_backend.instance import TritonInstance
 
 log = logging.getLogger(__name__)

@@ -47,9 +47,9 @@ from sluice.shared.repository import (
     scan_repository,
 )
 from sluice.shared.repository_control import DesiredModel, override_path, read_files
+from sluice.workers.backends import Infer, choose_device, load_instance
 from sluice.workers.handoff import hand_back, undelivered
 from sluice.workers.model_queue import ModelQueue
-from sluice.workers.models import Infer, choose_device, load_instance
 
 log = logging.getLogger(__name__)
 

@@ -21,10 +21,10 @@ from sluice.shared.model_config import ModelSpec
 from sluice.shared.queue_policy import QueuePolicy
 from sluice.workers.admission import Admission
 from sluice.workers.answering import Answering
+from sluice.workers.backends import Infer
 from sluice.workers.batch_loop import BatchLoop
 from sluice.workers.batcher import BatchRules
 from sluice.workers.instances import Instances
-from sluice.workers.models import Infer
 from sluice.workers.publisher import Publisher
 from sluice.workers.queue_state import QueueState
 from sluice.workers.reader import StreamReader

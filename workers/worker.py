@@ -33,13 +33,12 @@ from sluice.shared.registry import (
 )
 from sluice.shared.repository_control import ALL_MODELS, DesiredModel, decode_all, read_desired
 from sluice.shared.tasks import stop_tasks
+from sluice.workers.backends import Infer, complete_config
 from sluice.workers.device_sampler import DeviceSampler
 from sluice.workers.health import HEALTH_SHUTDOWN_S, serve_health
 from sluice.workers.model_manager import ModelManager
 from sluice.workers.model_queue import ModelQueue
-from sluice.workers.models import Infer
 from sluice.workers.python_backend import bls
-from sluice.workers.python_backend.loading import complete_config
 from sluice.workers.recovery import RecoveryPolicy
 
 log = logging.getLogger(__name__)

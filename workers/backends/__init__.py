@@ -1,0 +1,126 @@
+"""The backend seam: which module loads a model of each kind, and what it needs installed.
+
+A backend is a module of this package, imported only when a model of its kind loads, that
+defines `load_instance(spec, model_dir, version, device, index) -> Infer` and, optionally,
+`complete_config(cfg, model_dir) -> None` (Triton's auto-complete: fill in, in place, the
+inputs, outputs and batching that config.pbtxt leaves out and the model's own file says).
+A backend whose packages are not installed makes its models UNAVAILABLE with the extra to
+install as the reason; the worker's other models serve.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+from sluice.shared.errors import ModelConfigError
+from sluice.shared.model_config import BACKEND_RULES, ModelSpec
+from sluice.workers.python_backend.instance import TritonInstance
+from tritonclient.grpc.model_config_pb2 import ModelConfig
+
+log = logging.getLogger(__name__)
+
+#: a model that computes a stacked batch: named input tensors (torch tensors on the model's
+#: device; BYTES: numpy object arrays) to named outputs (torch tensors or numpy arrays).
+TensorFunction = Callable[[dict[str, Any]], dict[str, Any]]
+#: one loaded instance: a stacked-batch function, or a Triton Python model's object.
+Infer = TensorFunction | TritonInstance
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    """Where a kind's loader lives and what it needs."""
+
+    #: the module in this package that loads it.
+    module: str
+    #: the import names of the packages it needs beyond the worker's own.
+    requires: tuple[str, ...] = ()
+    #: the sluice-serve extra that installs them.
+    extra: str | None = None
+    #: the batch's inputs are stacked in host memory whatever the instance's kind (the
+    #: backend moves them to its device itself).
+    host_inputs: bool = False
+
+
+#: keyed by ModelSpec.kind (shared/model_config.py BACKEND_RULES).
+BACKENDS: dict[str, Backend] = {
+    "pytorch": Backend("torchscript"),
+    "python": Backend("python"),
+    "onnxruntime": Backend("onnxruntime", ("onnxruntime",), "onnx", host_inputs=True),
+}
+
+
+def choose_device(spec: ModelSpec) -> torch.device:
+    """cuda when the config allows a GPU and one is present, else CPU (with a warning if asked);
+    CPU for a backend that takes its inputs in host memory."""
+    backend = BACKENDS.get(spec.kind)
+    if backend is not None and backend.host_inputs:
+        return torch.device("cpu")
+    wants_gpu = spec.instance_kind in ("KIND_GPU", "KIND_AUTO")
+    if wants_gpu and torch.cuda.is_available():
+        return torch.device("cuda")
+    if spec.instance_kind == "KIND_GPU":
+        log.warning("model %r asks for KIND_GPU but no GPU is present: running on CPU", spec.name)
+    return torch.device("cpu")
+
+
+def load_instance(
+    spec: ModelSpec, model_dir: Path, version: int, device: torch.device, index: int = 0
+) -> Infer:
+    """The model's instance number `index` (Triton's instance names count them)."""
+    module = _backend_module(spec.kind, spec.name, model_dir / str(version) / spec.model_filename)
+    infer: Infer = module.load_instance(spec, model_dir, version, device, index)
+    return infer
+
+
+def complete_config(cfg: ModelConfig, model_dir: Path) -> None:
+    """Triton's auto-complete (a `Completer`): the backend of the config's kind fills in what
+    config.pbtxt leaves out, if it knows how."""
+    kind = _kind_of(cfg)
+    if kind not in BACKENDS:
+        return  # loading it says there is no such backend
+    module = _backend_module(kind, cfg.name, model_dir)
+    complete = getattr(module, "complete_config", None)
+    if complete is not None:
+        complete(cfg, model_dir)
+
+
+def close_instance(infer: Infer) -> None:
+    """Let an instance go: a Triton Python model's `finalize()` runs."""
+    if isinstance(infer, TritonInstance):
+        infer.close()
+
+
+def missing_packages(kind: str) -> list[str]:
+    """The packages a kind's backend needs that are not installed."""
+    return [name for name in BACKENDS[kind].requires if importlib.util.find_spec(name) is None]
+
+
+def _backend_module(kind: str, model: str, where: Path) -> ModuleType:
+    backend = BACKENDS.get(kind)
+    if backend is None:
+        raise ModelConfigError(f"{where}: no '{kind}' backend in this worker")
+    missing = missing_packages(kind)
+    if missing:
+        packages = " and ".join(missing)
+        install = f"pip install 'sluice-serve[{backend.extra}]'" if backend.extra else ""
+        raise ModelConfigError(
+            f"model '{model}' needs the {packages} package{'s' if len(missing) > 1 else ''}"
+            + (f": {install}" if install else "")
+        )
+    return importlib.import_module(f"{__name__}.{backend.module}")
+
+
+def _kind_of(cfg: ModelConfig) -> str | None:
+    """The kind of a config whose platform and backend are filled in (as Triton's autofill)."""
+    for rule in BACKEND_RULES:
+        if cfg.platform in rule.platforms if cfg.platform else cfg.backend == rule.backend:
+            return rule.kind
+    return None

@@ -1,0 +1,74 @@
+"""Python models (`backend: "python"`, `model.py`), under either of two contracts (documented
+in docs/models.md).
+
+sluice's own: `model.py` defines a class `Model` whose `__init__(self, context: ModelContext)`
+loads whatever it needs and whose `infer(self, inputs: dict[str, torch.Tensor |
+numpy.ndarray]) -> dict[str, tensor-like]` computes one stacked batch (BYTES inputs arrive as
+numpy object arrays of `bytes`). Triton's: a class `TritonPythonModel` whose `execute` takes
+the batch's requests one by one (sluice.workers.python_backend). `model.py` is trusted code:
+it runs with the worker's rights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from sluice.shared.errors import ModelConfigError
+from sluice.shared.model_config import ModelSpec
+from sluice.workers.backends import Infer, TensorFunction
+from sluice.workers.python_backend.loading import (
+    complete_config,
+    import_model_file,
+    triton_instance,
+)
+
+__all__ = ["ModelContext", "complete_config", "load_instance"]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelContext:
+    """What a python model's constructor gets."""
+
+    name: str
+    version: int
+    model_dir: Path
+    version_dir: Path
+    device: torch.device
+    config: Mapping[str, Any]
+    parameters: Mapping[str, str]
+
+
+def load_instance(
+    spec: ModelSpec, model_dir: Path, version: int, device: torch.device, index: int
+) -> Infer:
+    """A `TritonPythonModel` object, or a `Model`'s `infer` as a stacked-batch function."""
+    path = model_dir / str(version) / spec.model_filename
+    module = import_model_file(spec.name, version, path, str(index))
+    triton_class = getattr(module, "TritonPythonModel", None)
+    if triton_class is not None:
+        return triton_instance(spec, model_dir, version, device, index, triton_class, path)
+    model_class = getattr(module, "Model", None)
+    if model_class is None:
+        raise ModelConfigError(
+            f"{path}: defines no class `Model` (sluice's contract) nor `TritonPythonModel` "
+            "(Triton's Python backend)"
+        )
+    context = ModelContext(
+        spec.name,
+        version,
+        model_dir,
+        model_dir / str(version),
+        device,
+        spec.config_json,
+        spec.parameters,
+    )
+    try:
+        instance = model_class(context)
+    except Exception as exc:  # user code
+        raise ModelConfigError(f"{path}: Model() failed: {exc!r}") from exc
+    infer: TensorFunction = instance.infer
+    return infer
