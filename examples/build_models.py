@@ -1,9 +1,9 @@
-"""Build the example TorchScript models into a model repository, offline.
+"""Build the example models into a model repository, offline.
 
     python examples/build_models.py [--repository examples/model_repository] [--force]
 
-The config.pbtxt and labels files are written by hand and committed; only `<model>/1/model.pt`
-is generated here. Models whose model.pt exists are skipped unless --force.
+The config.pbtxt and labels files are written by hand and committed; only the model files in
+`<model>/1/` are generated here. Models whose file exists are skipped unless --force.
 """
 
 from __future__ import annotations
@@ -32,17 +32,41 @@ def save_torchscript(model: nn.Module, example: torch.Tensor, path: Path) -> Non
     partial.replace(path)  # a killed build leaves no model.pt that a rerun would skip
 
 
-def build_mlp(version_dir: Path) -> None:
+def reference_mlp() -> nn.Module:
     """The benchmarks' reference MLP: same seed and construction order, so outputs match it."""
     torch.manual_seed(0)
-    model = nn.Sequential(
+    return nn.Sequential(
         nn.Linear(512, 2048),
         nn.ReLU(),
         nn.Linear(2048, 2048),
         nn.ReLU(),
         nn.Linear(2048, 512),
     ).eval()
-    save_torchscript(model, torch.zeros(1, 512), version_dir / "model.pt")
+
+
+def build_mlp(version_dir: Path) -> None:
+    save_torchscript(reference_mlp(), torch.zeros(1, 512), version_dir / "model.pt")
+
+
+def build_mlp_onnx(version_dir: Path) -> None:
+    """The reference MLP, same weights, as ONNX with a dynamic batch dimension."""
+    path = version_dir / "model.onnx"
+    partial = path.with_suffix(".partial")
+    names = {"input_names": ["INPUT__0"], "output_names": ["OUTPUT__0"]}
+    batch = {"INPUT__0": {0: "batch"}, "OUTPUT__0": {0: "batch"}}
+    with torch.no_grad(), warnings.catch_warnings():
+        # the TorchScript-based exporter needs no onnxscript; torch 2.13 calls it legacy
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.onnx.export(
+            reference_mlp(),
+            (torch.zeros(1, 512),),
+            str(partial),
+            **names,
+            dynamic_axes=batch,
+            opset_version=17,
+            dynamo=False,
+        )
+    partial.replace(path)
 
 
 def build_digits(version_dir: Path) -> None:
@@ -80,7 +104,12 @@ def build_digits(version_dir: Path) -> None:
     save_torchscript(model, torch.zeros(1, 1, 8, 8), version_dir / "model.pt")
 
 
-BUILDERS: dict[str, Callable[[Path], None]] = {"mlp": build_mlp, "digits": build_digits}
+#: model name -> the file its builder writes in `<model>/1/`, and the builder.
+BUILDERS: dict[str, tuple[str, Callable[[Path], None]]] = {
+    "mlp": ("model.pt", build_mlp),
+    "mlp_onnx": ("model.onnx", build_mlp_onnx),
+    "digits": ("model.pt", build_digits),
+}
 
 
 def main() -> None:
@@ -89,15 +118,15 @@ def main() -> None:
     parser.add_argument("--force", action="store_true", help="rebuild existing model.pt files")
     args = parser.parse_args()
     torch.set_num_threads(1)  # CPU kernels then reduce in one order: the same weights everywhere
-    for name, build in BUILDERS.items():
+    for name, (filename, build) in BUILDERS.items():
         version_dir = args.repository / name / "1"
-        if (version_dir / "model.pt").exists() and not args.force:
-            print(f"{name}: {version_dir / 'model.pt'} exists, skipped (--force rebuilds)")
+        if (version_dir / filename).exists() and not args.force:
+            print(f"{name}: {version_dir / filename} exists, skipped (--force rebuilds)")
             continue
         version_dir.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
         build(version_dir)
-        print(f"{name}: wrote {version_dir / 'model.pt'} in {time.perf_counter() - start:.1f}s")
+        print(f"{name}: wrote {version_dir / filename} in {time.perf_counter() - start:.1f}s")
 
 
 if __name__ == "__main__":

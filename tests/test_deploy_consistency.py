@@ -238,7 +238,7 @@ def test_keda_watches_every_example_model_queue_with_the_worker_group() -> None:
     (scaled,) = all_of_kind("ScaledObject")
     triggers = scaled["spec"]["triggers"]
     expected = {stream: batch for _, stream, batch in _example_streams()}
-    assert {m for m, _, _ in _example_streams()} == {"mlp", "digits", "add_sub"}
+    assert {m for m, _, _ in _example_streams()} == {"mlp", "mlp_onnx", "digits", "add_sub"}
     assert {t["metadata"]["stream"] for t in triggers} == set(expected)
     assert len(triggers) == len(expected)
     auths = {a["metadata"]["name"] for a in all_of_kind("TriggerAuthentication")}
