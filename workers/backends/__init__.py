@@ -54,6 +54,7 @@ BACKENDS: dict[str, Backend] = {
     "pytorch": Backend("torchscript"),
     "python": Backend("python"),
     "onnxruntime": Backend("onnxruntime", ("onnxruntime",), "onnx", host_inputs=True),
+    "torch_aoti": Backend("torch_aoti"),
 }
 
 
