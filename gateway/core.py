@@ -16,11 +16,13 @@ from typing import Any, Protocol
 from sluice.gateway import metadata
 from sluice.gateway.bulk_api import BulkApi, BulkUpload
 from sluice.gateway.dispatcher import Dispatcher, Route
+from sluice.gateway.ensembles import Ensembles
 from sluice.gateway.model_loads import check_load, failed_to_poll, load_fleet_wide
 from sluice.gateway.model_table import ModelTable, ModelView, no_versions
 from sluice.gateway.outage import RETRY_AFTER_S
 from sluice.shared import keys
 from sluice.shared.bulk import BulkStatus
+from sluice.shared.ensemble import is_ensemble
 from sluice.shared.errors import InvalidInput, ModelNotReady, Unavailable, error_from_code
 from sluice.shared.fleet import fleet_status
 from sluice.shared.infer_codec import ParsedInfer, decompress, parse_infer
@@ -115,6 +117,7 @@ class GatewayCore:
         self.table = table
         self.limits = limits
         self.bulk = bulk
+        self.ensembles = Ensembles(dispatcher, table)
         table.empty_ok = limits.model_control_mode != "none"
         table.follows_desired = limits.model_control_mode == "explicit"
 
@@ -153,7 +156,8 @@ class GatewayCore:
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         """Unload the model fleet-wide; returns at once (Triton's UNLOADING), the workers finish
         the requests already queued and then report it UNAVAILABLE "unloaded".
-        `unload_dependents` is accepted for ensembles, which sluice does not have yet."""
+        `unload_dependents` is accepted; an ensemble stays loaded and reports a composing
+        model that is not ready when a request comes."""
         self._explicit_only()
         await self._refresh()
         if name not in self.table.repository and name not in self.table.models:
@@ -238,6 +242,13 @@ class GatewayCore:
         params = prepared.parameters
         deadline_s = deadline_us(params) / 1e6
         parsed = prepared.request
+        timeout_s = min(self.limits.request_timeout_s, deadline_s or self.limits.request_timeout_s)
+        timeout_message = "Request deadline exceeded" if deadline_s else "Request timeout expired"
+        if is_ensemble(view.config):
+            result = await self.ensembles.infer(
+                view, prepared.version, parsed, params, timeout_s, timeout_message, client_gone
+            )
+            return outcome(view.name, prepared.version, parsed, result)
         request = Request(
             self.dispatcher.new_request_id(),
             prepared.version,
@@ -255,11 +266,7 @@ class GatewayCore:
             client_gone.add_done_callback(cancel)
         try:
             result = await self.dispatcher.submit(
-                prepared.route,
-                request,
-                min(self.limits.request_timeout_s, deadline_s or self.limits.request_timeout_s),
-                view.preserve_ordering,
-                "Request deadline exceeded" if deadline_s else "Request timeout expired",
+                prepared.route, request, timeout_s, view.preserve_ordering, timeout_message
             )
         finally:
             if client_gone is not None:
@@ -302,10 +309,11 @@ class GatewayCore:
 
 def _forwarded(view: ModelView, parameters: dict[str, Any]) -> dict[str, Any]:
     """What a worker gets of the request's parameters: those it acts on, and for a Python
-    model all of them (a Triton Python model reads them: `request.parameters()`)."""
+    model or an ensemble (whose steps inherit them, as in Triton) all of them (a Triton Python
+    model reads them: `request.parameters()`)."""
     if not parameters:
         return parameters
-    if (view.config or {}).get("backend") == "python":
+    if (view.config or {}).get("backend") == "python" or is_ensemble(view.config):
         return {k: v for k, v in parameters.items() if k not in GATEWAY_PARAMETERS}
     return {k: v for k, v in parameters.items() if k in FORWARDED_PARAMETERS}
 

@@ -19,8 +19,6 @@ from typing import Any
 from sluice.shared.errors import ModelConfigError
 
 ENSEMBLE_PLATFORM = "ensemble"
-#: the request parameter that carries a step's continuation on the wire.
-CONTINUATION = "sluice_ensemble"
 #: the producer of an ensemble input: the client's request, not a step.
 CLIENT = -1
 

@@ -53,6 +53,12 @@ def reply_stream(gateway_id: str) -> str:
     return f"{PREFIX}:{{gw:{gateway_id}}}:replies"
 
 
+def ensemble_state(request_id: str) -> str:
+    """Hash: an ensemble request's join state (tensors waiting for a joining step), with a TTL
+    of the request's timeout; its own tag, so any worker's script touches one slot."""
+    return f"{PREFIX}:{{ens:{request_id}}}:join"
+
+
 def job_stream(job_id: str) -> str:
     """An asynchronous job: its metadata entry, then its result entry (workers append it)."""
     return f"{PREFIX}:{{job:{job_id}}}"

@@ -7,6 +7,8 @@ the same event-loop turn) as two fields:
   ``[id, version, enqueue_ns, reply_to, [[name, datatype, shape, nbytes], ...], outputs, params]``;
 * ``d``: the raw tensor bytes of every input, concatenated in header order.
 
+An ensemble step's request carries its continuation as the parameter ``sluice_ensemble``.
+
 Reply entries mirror it: ``[SCHEMA, [[id, [[name, datatype, shape, nbytes], ...], error], ...]]``
 plus the concatenated output bytes. Tensors are never inside msgpack, so decoding is
 ``np.frombuffer`` over the blob: zero copies, and nothing read off the wire can run code.
@@ -23,6 +25,8 @@ import orjson
 from sluice.shared.datatypes import ELEMENT_SIZE, element_count
 
 SCHEMA = 1
+#: the request parameter that carries an ensemble step's continuation.
+CONTINUATION = "sluice_ensemble"
 
 #: caps on what a header may declare, so a hostile entry cannot make the decoder allocate.
 MAX_HEADER_BYTES = 1 << 20
@@ -62,6 +66,9 @@ class Request:
     inputs: list[Tensor]
     outputs: tuple[str, ...] | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
+    #: an ensemble step's continuation (sluice.shared.ensemble_wire), carried on the wire as
+    #: the parameter CONTINUATION and never among the parameters a model sees.
+    continuation: list[Any] | None = None
 
 
 @dataclass(slots=True)
@@ -93,7 +100,9 @@ def encode_requests(requests: Sequence[Request]) -> dict[str, bytes]:
             r.reply_to,
             _tensor_headers(r.inputs, blobs),
             list(r.outputs) if r.outputs is not None else None,
-            r.parameters,
+            r.parameters
+            if r.continuation is None
+            else {**r.parameters, CONTINUATION: r.continuation},
         ]
         for r in requests
     ]
@@ -181,8 +190,20 @@ def decode_requests(fields: Fields) -> list[Request]:
         ):
             raise ProtocolError("malformed request header")
         inputs, offset = _cut_tensors(heads, blob, offset)
+        continuation = params.pop(CONTINUATION, None)
+        if continuation is not None and not isinstance(continuation, list):
+            raise ProtocolError("an ensemble continuation must be a list")
         requests.append(
-            Request(rid, version, enqueue_ns, reply_to, inputs, _names(outputs, "outputs"), params)
+            Request(
+                rid,
+                version,
+                enqueue_ns,
+                reply_to,
+                inputs,
+                _names(outputs, "outputs"),
+                params,
+                continuation,
+            )
         )
     return requests
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from sluice.shared.ensemble import EnsembleError, build_plan, collect_configs
 from sluice.shared.errors import ModelConfigError
 from sluice.shared.model_config import Completer
 from sluice.shared.redis_client import REDIS_ERRORS, AsyncClient
@@ -62,6 +63,8 @@ UNLOAD_DRAIN_LIMIT_S = 30.0
 DRAIN_CHECK_S = 0.05
 #: the reason an unloaded model is UNAVAILABLE for (Triton's).
 UNLOADED = "unloaded"
+#: ModelSpec.kind of an ensemble, which runs no instance of its own.
+ENSEMBLE_KIND = "ensemble"
 
 #: builds a model's queue: spec, instances per version, device, consumer name.
 QueueFactory = Callable[..., ModelQueue]
@@ -100,6 +103,27 @@ def load_model(entry: ModelEntry) -> tuple[dict[int, list[Infer]], torch.device]
     return instances, device
 
 
+def check_ensemble(entry: ModelEntry, repository: Path, complete: Completer | None) -> None:
+    """An ensemble "loads" once its steps check out against the repository's composing models
+    (loaded here or not: any worker may serve them); EnsembleError with Triton's reason."""
+    assert entry.spec is not None
+
+    def config_of(name: str) -> Mapping[str, object] | None:
+        if entry.spec is not None and name == entry.name:
+            return entry.spec.config_json
+        if not (repository / name).is_dir():
+            return None
+        found = scan_model(repository / name, complete=complete)
+        if found.spec is None or found.error:
+            raise EnsembleError(
+                f"ensemble '{entry.name}' depends on '{name}' which is not valid. Model "
+                f"'{name}' failed with error: {found.error}"
+            )
+        return found.spec.config_json
+
+    build_plan(entry.name, collect_configs(entry.name, config_of))
+
+
 @dataclass(frozen=True, slots=True)
 class Source:
     """What a running queue was built from, to tell whether a load changes anything."""
@@ -135,6 +159,8 @@ class ModelManager:
         self.complete = complete
         #: the queue serving each loaded model.
         self.queues: dict[str, ModelQueue] = {}
+        #: the ensembles that checked out: no queue, their steps run on their models' queues.
+        self.ensembles: dict[str, ModelEntry] = {}
         self.statuses: dict[str, ModelStatus] = {}
         #: resolved with the error of a queue that failed (the worker then exits, as before).
         self.failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -196,6 +222,11 @@ class ModelManager:
                 self.statuses[entry.name] = ModelStatus([], entry.error)
                 continue
             try:
+                if entry.spec.kind == ENSEMBLE_KIND:
+                    check_ensemble(entry, self.repository, self.complete)
+                    self.ensembles[entry.name] = entry
+                    self.statuses[entry.name] = ModelStatus(list(entry.versions), None)
+                    continue
                 instances, device = load_model(entry)
             except ModelConfigError as exc:
                 log.error("model %r not loaded: %s", entry.name, exc.message)
@@ -325,6 +356,11 @@ class ModelManager:
                 self._set(name, ModelStatus([], reason, UNAVAILABLE, wanted.generation))
             return
         assert entry.spec is not None
+        if entry.spec.kind == ENSEMBLE_KIND:
+            self.ensembles[name] = entry
+            self._sources[name] = Source(seen, wanted.overridden or wanted.has_files, files_dir)
+            self._set(name, ModelStatus(list(entry.versions), None, READY, wanted.generation))
+            return
         consumer = f"{self.consumer}/{next(self._consumer_numbers)}"
         queue = self.make_queue(entry.spec, instances, device, consumer)
         self._run(name, queue)
@@ -350,12 +386,16 @@ class ModelManager:
         )
         if entry.error or entry.spec is None:
             raise ModelConfigError(entry.error or "no model config")
+        if entry.spec.kind == ENSEMBLE_KIND:
+            await asyncio.to_thread(check_ensemble, entry, self.repository, self.complete)
+            return entry, {}, torch.device("cpu")
         instances, device = await asyncio.to_thread(load_model, entry)
         return entry, instances, device
 
     async def _unload(self, name: str, generation: int) -> None:
         queue = self.queues.get(name)
         if queue is None:
+            self.ensembles.pop(name, None)
             self._set(name, ModelStatus([], UNLOADED, UNAVAILABLE, generation))
             return
         self._set(name, ModelStatus([], None, UNLOADING, generation))

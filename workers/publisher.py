@@ -1,5 +1,8 @@
 """Answering: results to each gateway's reply stream, then ack + delete + statistics.
 
+An ensemble step's result goes on instead (workers/ensemble_steps.py): its commands lead
+the same pipeline, so they reach Redis before the step's entry is acknowledged.
+
 One pipeline per batch: an XADD per gateway with requests in the batch, then one script call
 per request stream involved that acks and deletes the fully answered entries, lowers the
 queue-size counter and logs the batch's statistics (see shared/stats.py).
@@ -26,8 +29,9 @@ import redis.asyncio as aioredis
 from sluice.shared import keys
 from sluice.shared.protocol import Result, encode_results, job_event
 from sluice.shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS
-from sluice.shared.redis_wire import Wire, xadd
+from sluice.shared.redis_wire import Command, Wire, xadd
 from sluice.shared.stats import FINISH_BATCH, add_increments, stats_record
+from sluice.workers.ensemble_steps import continue_steps
 from sluice.workers.pending import Queued
 
 log = logging.getLogger(__name__)
@@ -120,8 +124,12 @@ class Publisher:
         records = self._statistics(stat_increments, defer_statistics)
         by_route: dict[str, list[Result]] = defaultdict(list)
         answered: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+        steps = []
         for item, result in zip(items, results, strict=True):
-            by_route[item.request.reply_to].append(result)
+            if item.request.continuation is not None:  # an ensemble step: it goes on
+                steps.append((item.request, result))
+            else:
+                by_route[item.request.reply_to].append(result)
             if item.level in self.counted_levels:
                 answered[item.stream][item.level] += 1
         done = self._settle(items, extra_acks)
@@ -136,7 +144,8 @@ class Publisher:
             if index == 0:
                 args += records
             calls.append(([stream, self.stats_key, self.sizes_key, self.log_key], args))
-        await self._send(by_route, calls, len(results), done)
+        onward = await continue_steps(self._wire, steps, REPLY_STREAM_MAXLEN) if steps else []
+        await self._send(by_route, calls, len(results), done, onward)
 
     async def close(self) -> None:
         await self._wire.close()
@@ -161,8 +170,9 @@ class Publisher:
         calls: list[tuple[list[str], list[str | int | bytes]]],
         count: int,
         done: dict[str, list[bytes]],
+        onward: list[Command],
     ) -> None:
-        commands = [
+        commands = onward + [
             xadd(route, encode_results(route_results), "MAXLEN", "~", REPLY_STREAM_MAXLEN)
             for route, route_results in by_route.items()
         ]

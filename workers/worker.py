@@ -165,6 +165,10 @@ class Worker:
             versions = sorted(queue.instances.by_version)
             record = encode_model_record(queue.spec.config_json, versions, None)
             pipe.hset(keys.MODELS, name, record)
+        for name, entry in manager.ensembles.items() if manager is not None else ():
+            if entry.spec is not None and manager is not None and manager.announces(name):
+                record = encode_model_record(entry.spec.config_json, list(entry.versions), None)
+                pipe.hset(keys.MODELS, name, record)
         for name, status in self.statuses.items():
             if not status.ready_versions:
                 pipe.hsetnx(keys.MODELS, name, encode_model_record(None, [], status.reason))
