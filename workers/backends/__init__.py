@@ -55,6 +55,7 @@ BACKENDS: dict[str, Backend] = {
     "python": Backend("python"),
     "onnxruntime": Backend("onnxruntime", ("onnxruntime",), "onnx", host_inputs=True),
     "torch_aoti": Backend("torch_aoti"),
+    "fil": Backend("fil", ("treelite",), "fil", host_inputs=True),
 }
 
 
