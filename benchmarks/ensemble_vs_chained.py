@@ -1,0 +1,169 @@
+"""digits_ensemble against the same three steps called one after another by the client.
+
+One `sluice serve` (embedded Redis, one worker) on examples/model_repository (build digits
+first: python examples/build_models.py). The same rows of scikit-learn's digits images go
+either to `digits_ensemble` (raw pixels in, label out: one request), or to `digits_pre`,
+`digits`, `digits_post` in turn (three requests, each waiting for the one before): a closed
+loop of c clients for a fixed window at c=1 and c=32, the two modes alternating from round to
+round, so a slow spell of a shared machine does not land on one of them. The table gives each
+figure's median over the rounds, and what the ensemble saves (or costs) per step: its p50
+against the client chain's, divided by the three steps.
+
+    python benchmarks/ensemble_vs_chained.py [--rounds 3] [--seconds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import tritonclient.http.aio as aioclient
+from sklearn.datasets import load_digits
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples" / "model_repository"
+LEVELS = (1, 32)
+MODES = ("ensemble", "chained")
+STEPS = ("digits_pre", "digits", "digits_post")
+
+Call = Callable[[aioclient.InferenceServerClient, np.ndarray], Awaitable[object]]
+
+
+def _input(name: str, array: np.ndarray, datatype: str) -> aioclient.InferInput:
+    given = aioclient.InferInput(name, list(array.shape), datatype)
+    given.set_data_from_numpy(array, binary_data=True)
+    return given
+
+
+async def ensemble(client: aioclient.InferenceServerClient, pixels: np.ndarray) -> object:
+    result = await client.infer("digits_ensemble", [_input("PIXELS", pixels, "UINT8")])
+    return result.as_numpy("LABEL")
+
+
+async def chained(client: aioclient.InferenceServerClient, pixels: np.ndarray) -> object:
+    image = (await client.infer("digits_pre", [_input("PIXELS", pixels, "UINT8")])).as_numpy(
+        "IMAGE"
+    )
+    logits = (await client.infer("digits", [_input("INPUT__0", image, "FP32")])).as_numpy(
+        "OUTPUT__0"
+    )
+    label = await client.infer("digits_post", [_input("LOGITS", logits, "FP32")])
+    return label.as_numpy("LABEL")
+
+
+async def closed_loop(url: str, call: Call, level: int, seconds: float) -> dict[str, float]:
+    """`level` clients, each sending its next request when the last one is answered."""
+    images = load_digits().images.astype(np.uint8)
+    latencies: list[float] = []
+    client = aioclient.InferenceServerClient(url, conn_limit=level)
+    deadline = time.perf_counter() + seconds
+
+    async def one_client(index: int) -> None:
+        row = index
+        while time.perf_counter() < deadline:
+            pixels = images[row % len(images)][None]
+            start = time.perf_counter()
+            await call(client, pixels)
+            latencies.append(time.perf_counter() - start)
+            row += level
+
+    try:
+        await asyncio.gather(*(one_client(i) for i in range(level)))
+    finally:
+        await client.close()
+    latencies.sort()
+    return {
+        "throughput": len(latencies) / seconds,
+        "p50_ms": latencies[len(latencies) // 2] * 1e3,
+        "p99_ms": latencies[int(len(latencies) * 0.99)] * 1e3,
+    }
+
+
+@contextlib.contextmanager
+def subprocess_running(command: list[str]) -> Iterator[None]:
+    """`command` running for the block, terminated after it."""
+    with subprocess.Popen(command) as process:
+        try:
+            yield
+        finally:
+            process.terminate()
+
+
+def wait_ready(url: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ready = f"http://{url}/v2/models/digits_ensemble/ready"
+            with urllib.request.urlopen(ready, timeout=2) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} did not become ready")
+
+
+def report(runs: dict[tuple[str, int], list[dict[str, float]]]) -> str:
+    lines = [
+        "| c | mode | throughput (inf/s) | p50 (ms) | p99 (ms) |",
+        "|---|---|---|---|---|",
+    ]
+    medians: dict[tuple[str, int], dict[str, float]] = {}
+    for (mode, level), rows in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        median = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+        medians[(mode, level)] = median
+        lines.append(
+            f"| {level} | {mode} | {median['throughput']:.0f} | {median['p50_ms']:.2f} "
+            f"| {median['p99_ms']:.2f} |"
+        )
+    for level in LEVELS:
+        saved = medians[("chained", level)]["p50_ms"] - medians[("ensemble", level)]["p50_ms"]
+        lines.append(
+            f"\nc={level}: the ensemble's p50 is {saved:.2f} ms below the client chain's "
+            f"({saved / len(STEPS):.2f} ms per step)"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--port", type=int, default=18000)
+    args = parser.parse_args()
+    if not (EXAMPLES / "digits" / "1" / "model.pt").exists():
+        raise SystemExit("build the example models first: python examples/build_models.py")
+    command = [
+        *(sys.executable, "-m", "sluice", "serve", "--model-repository", str(EXAMPLES)),
+        *("--http-port", str(args.port), "--grpc-port", str(args.port + 1)),
+        *("--metrics-port", str(args.port + 2), "--bulk-workers", "0", "--log-level", "warning"),
+    ]
+    url = f"127.0.0.1:{args.port}"
+    calls: dict[str, Call] = {"ensemble": ensemble, "chained": chained}
+    runs: dict[tuple[str, int], list[dict[str, float]]] = {}
+    with subprocess_running(command):
+        wait_ready(url)
+        for level in LEVELS:  # warm every step and both paths
+            for mode in MODES:
+                asyncio.run(closed_loop(url, calls[mode], level, 1.0))
+        for round_number in range(args.rounds):
+            order = MODES if round_number % 2 == 0 else MODES[::-1]
+            for level in LEVELS:
+                for mode in order:
+                    row = asyncio.run(closed_loop(url, calls[mode], level, args.seconds))
+                    runs.setdefault((mode, level), []).append(row)
+                    print(f"round {round_number} c={level} {mode}: {row}", flush=True)
+    print(report(runs))
+
+
+if __name__ == "__main__":
+    main()
