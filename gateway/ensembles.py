@@ -37,14 +37,24 @@ class Ensembles:
     def __init__(self, dispatcher: Dispatcher, table: ModelTable) -> None:
         self.dispatcher = dispatcher
         self.table = table
+        #: each ensemble's plan, with the configs it was built from.
+        self._plans: dict[str, tuple[dict[str, Any], Plan]] = {}
 
     def plan(self, view: ModelView) -> Plan:
-        """The ensemble's flat plan from the fleet's configs; its composing models must serve."""
+        """The ensemble's flat plan from the fleet's configs; its composing models must serve.
+        Built again only when one of those configs changed (the table replaces a config's
+        dict when a worker publishes a new one)."""
         configs = collect_configs(view.name, self._config)
-        try:
-            plan = build_plan(view.name, configs)
-        except EnsembleError as exc:
-            raise ModelNotReady(f"ensemble '{view.name}' is not ready: {exc.message}") from None
+        cached = self._plans.get(view.name)
+        if cached is not None and _same(cached[0], configs):
+            plan = cached[1]
+        else:
+            try:
+                plan = build_plan(view.name, configs)
+            except EnsembleError as exc:
+                message = f"ensemble '{view.name}' is not ready: {exc.message}"
+                raise ModelNotReady(message) from None
+            self._plans[view.name] = (configs, plan)
         for step in plan.steps:
             composing = self.table.models.get(step.model)
             if composing is None or not composing.ready:
@@ -94,12 +104,9 @@ class Ensembles:
         _, request = step_request(parent, cont, first, tensors, started)
         composing = self.table.get(plan.steps[first].model)
         assert composing.signature is not None
-        route = Route(
-            composing.name,
-            levels[first],
-            max(1, composing.signature.max_batch_size),
-            composing.queue_policy.for_level(levels[first]).max_queue_size,
-        )
+        # steps are outside max_queue_size: the workers that send the next steps cannot
+        # count them in, so neither does the gateway
+        route = Route(composing.name, levels[first], max(1, composing.signature.max_batch_size))
 
         def cancel(_: object) -> None:
             for model in dict.fromkeys(s.model for s in plan.steps):
@@ -136,3 +143,9 @@ class Ensembles:
         log_key = keys.model_stats_log(view.name)
         task = asyncio.ensure_future(self.dispatcher.redis.rpush(log_key, record))
         task.add_done_callback(lambda t: t.exception())
+
+
+def _same(built_from: dict[str, Any], configs: dict[str, Any]) -> bool:
+    return built_from.keys() == configs.keys() and all(
+        configs[name] is config for name, config in built_from.items()
+    )

@@ -130,8 +130,8 @@ class Publisher:
                 steps.append((item.request, result))
             else:
                 by_route[item.request.reply_to].append(result)
-            if item.level in self.counted_levels:
-                answered[item.stream][item.level] += 1
+                if item.level in self.counted_levels:  # steps are not counted in
+                    answered[item.stream][item.level] += 1
         done = self._settle(items, extra_acks)
         streams = set(done) | set(answered)
         if not streams and records:
