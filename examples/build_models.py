@@ -15,7 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from sklearn.datasets import load_digits
+import xgboost
+from sklearn.datasets import load_breast_cancer, load_digits
 from sklearn.model_selection import train_test_split
 from torch import nn
 
@@ -104,11 +105,29 @@ def build_digits(version_dir: Path) -> None:
     save_torchscript(model, torch.zeros(1, 1, 8, 8), version_dir / "model.pt")
 
 
+def build_breast_cancer_xgb(version_dir: Path) -> None:
+    """An XGBoost classifier on scikit-learn's bundled breast-cancer data, saved as UBJSON for
+    Triton's FIL config (`model_type: xgboost_ubj`)."""
+    features, labels = load_breast_cancer(return_X_y=True)
+    x_train, x_test, y_train, y_test = train_test_split(
+        features.astype("float32"), labels, test_size=0.2, random_state=0, stratify=labels
+    )
+    model = xgboost.XGBClassifier(n_estimators=50, max_depth=3, random_state=0, n_jobs=1)
+    model.fit(x_train, y_train)
+    accuracy = (model.predict(x_test) == y_test).mean()
+    print(f"breast_cancer_xgb: test accuracy {accuracy:.3f} on {len(y_test)} held-out rows")
+    path = version_dir / "xgboost.ubj"
+    partial = path.with_suffix(".partial.ubj")  # the suffix picks XGBoost's format
+    model.save_model(str(partial))
+    partial.replace(path)
+
+
 #: model name -> the file its builder writes in `<model>/1/`, and the builder.
 BUILDERS: dict[str, tuple[str, Callable[[Path], None]]] = {
     "mlp": ("model.pt", build_mlp),
     "mlp_onnx": ("model.onnx", build_mlp_onnx),
     "digits": ("model.pt", build_digits),
+    "breast_cancer_xgb": ("xgboost.ubj", build_breast_cancer_xgb),
 }
 
 

@@ -240,7 +240,15 @@ def test_keda_watches_every_example_model_queue_with_the_worker_group() -> None:
     (scaled,) = all_of_kind("ScaledObject")
     triggers = scaled["spec"]["triggers"]
     expected = {stream: batch for _, stream, batch in _example_streams()}
-    assert {m for m, _, _ in _example_streams()} == {"mlp", "mlp_onnx", "digits", "add_sub", "digits_pre", "digits_post"}
+    assert {m for m, _, _ in _example_streams()} == {
+        "mlp",
+        "mlp_onnx",
+        "digits",
+        "add_sub",
+        "digits_pre",
+        "digits_post",
+        "breast_cancer_xgb",
+    }
     assert {t["metadata"]["stream"] for t in triggers} == set(expected)
     assert len(triggers) == len(expected)
     auths = {a["metadata"]["name"] for a in all_of_kind("TriggerAuthentication")}
