@@ -4,12 +4,12 @@ One `sluice serve` (embedded Redis, one worker) on examples/model_repository (bu
 first: python examples/build_models.py). The same rows of scikit-learn's digits images go
 either to `digits_ensemble` (raw pixels in, label out: one request), or to `digits_pre`,
 `digits`, `digits_post` in turn (three requests, each waiting for the one before): a closed
-loop of c clients for a fixed window at c=1 and c=32, the two modes alternating from round to
-round, so a slow spell of a shared machine does not land on one of them. The table gives each
-figure's median over the rounds, and what the ensemble saves (or costs) per step: its p50
-against the client chain's, divided by the three steps.
+loop of c clients at c=1 and c=32, the two modes taking turns of `--window` seconds until each
+had `--seconds`, so a slow spell of a shared machine lands on both alike; each mode's figures
+are over all of its turns. Also what the ensemble saves (or costs) per step: its p50 against
+the client chain's, divided by the three steps.
 
-    python benchmarks/ensemble_vs_chained.py [--rounds 3] [--seconds 10]
+    python benchmarks/ensemble_vs_chained.py [--seconds 30] [--window 1]
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import statistics
 import subprocess
 import sys
 import time
@@ -60,8 +59,9 @@ async def chained(client: aioclient.InferenceServerClient, pixels: np.ndarray) -
     return label.as_numpy("LABEL")
 
 
-async def closed_loop(url: str, call: Call, level: int, seconds: float) -> dict[str, float]:
-    """`level` clients, each sending its next request when the last one is answered."""
+async def closed_loop(url: str, call: Call, level: int, seconds: float) -> list[float]:
+    """`level` clients, each sending its next request when the last one is answered, for
+    `seconds`: every request's latency."""
     images = load_digits().images.astype(np.uint8)
     latencies: list[float] = []
     client = aioclient.InferenceServerClient(url, conn_limit=level)
@@ -80,11 +80,15 @@ async def closed_loop(url: str, call: Call, level: int, seconds: float) -> dict[
         await asyncio.gather(*(one_client(i) for i in range(level)))
     finally:
         await client.close()
-    latencies.sort()
+    return latencies
+
+
+def figures(latencies: list[float], seconds: float) -> dict[str, float]:
+    ordered = sorted(latencies)
     return {
-        "throughput": len(latencies) / seconds,
-        "p50_ms": latencies[len(latencies) // 2] * 1e3,
-        "p99_ms": latencies[int(len(latencies) * 0.99)] * 1e3,
+        "throughput": len(ordered) / seconds,
+        "p50_ms": ordered[len(ordered) // 2] * 1e3,
+        "p99_ms": ordered[int(len(ordered) * 0.99)] * 1e3,
     }
 
 
@@ -112,15 +116,13 @@ def wait_ready(url: str, timeout_s: float = 120) -> None:
     raise RuntimeError(f"{url} did not become ready")
 
 
-def report(runs: dict[tuple[str, int], list[dict[str, float]]]) -> str:
+def report(runs: dict[tuple[str, int], dict[str, float]]) -> str:
     lines = [
         "| c | mode | throughput (inf/s) | p50 (ms) | p99 (ms) |",
         "|---|---|---|---|---|",
     ]
-    medians: dict[tuple[str, int], dict[str, float]] = {}
-    for (mode, level), rows in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        median = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-        medians[(mode, level)] = median
+    medians = runs
+    for (mode, level), median in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         lines.append(
             f"| {level} | {mode} | {median['throughput']:.0f} | {median['p50_ms']:.2f} "
             f"| {median['p99_ms']:.2f} |"
@@ -136,8 +138,8 @@ def report(runs: dict[tuple[str, int], list[dict[str, float]]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--seconds", type=float, default=30.0, help="per mode and level")
+    parser.add_argument("--window", type=float, default=1.0, help="seconds per turn")
     parser.add_argument("--port", type=int, default=18000)
     args = parser.parse_args()
     if not (EXAMPLES / "digits" / "1" / "model.pt").exists():
@@ -149,19 +151,20 @@ def main() -> None:
     ]
     url = f"127.0.0.1:{args.port}"
     calls: dict[str, Call] = {"ensemble": ensemble, "chained": chained}
-    runs: dict[tuple[str, int], list[dict[str, float]]] = {}
+    runs: dict[tuple[str, int], dict[str, float]] = {}
+    turns = max(1, round(args.seconds / args.window))
     with subprocess_running(command):
         wait_ready(url)
-        for level in LEVELS:  # warm every step and both paths
-            for mode in MODES:
+        for level in LEVELS:
+            for mode in MODES:  # warm every step and both paths
                 asyncio.run(closed_loop(url, calls[mode], level, 1.0))
-        for round_number in range(args.rounds):
-            order = MODES if round_number % 2 == 0 else MODES[::-1]
-            for level in LEVELS:
-                for mode in order:
-                    row = asyncio.run(closed_loop(url, calls[mode], level, args.seconds))
-                    runs.setdefault((mode, level), []).append(row)
-                    print(f"round {round_number} c={level} {mode}: {row}", flush=True)
+            pooled: dict[str, list[float]] = {mode: [] for mode in MODES}
+            for turn in range(turns):
+                for mode in MODES if turn % 2 == 0 else MODES[::-1]:
+                    pooled[mode] += asyncio.run(closed_loop(url, calls[mode], level, args.window))
+            for mode in MODES:
+                runs[(mode, level)] = figures(pooled[mode], turns * args.window)
+                print(f"c={level} {mode}: {runs[(mode, level)]}", flush=True)
     print(report(runs))
 
 
