@@ -35,6 +35,7 @@ from sluice.workers.backends.pt2_archive import (
     leaf_names,
 )
 from torch.utils import _pytree as pytree
+from torch.utils._sympy.numbers import int_oo
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +207,8 @@ def _dim_range(size: int | torch.SymInt, ranges: dict[Any, Any]) -> DimRange:
     bounds = ranges.get(size.node.expr)
     if bounds is None:  # an expression of the exported dims: no range of its own
         return DimRange(0, None)
-    return DimRange(int(bounds.lower), int(bounds.upper) if bounds.upper.is_finite else None)
+    high = None if bounds.upper == int_oo else int(bounds.upper)
+    return DimRange(int(bounds.lower), high)
 
 
 def _bind(
