@@ -7,7 +7,11 @@ machine does not land on one of them. The table gives each figure's median over 
 and the gateway's CPU time per inference (serve's own process: the gateway; the worker runs in
 a child process).
 
-    python benchmarks/grpc_vs_http.py [--rounds 3]
+    python benchmarks/grpc_vs_http.py [--rounds 3] [--baseline REF]
+
+`--baseline REF` also serves gRPC from a second `sluice serve` whose gateway/grpc_*.py are as
+they are at git REF (the rest of the tree is this checkout's), measured in the same rounds
+(row `grpc@REF`): a change to the gRPC transport against what it replaced, side by side.
 
 perf_analyzer as benchmarks/compare_triton.py finds it (PERF_ANALYZER and PA_LIBDIR, or the
 Triton anchor's under $ANCHORS); this one needs it (`sluice bench` speaks HTTP only).
@@ -16,6 +20,7 @@ Triton anchor's under $ANCHORS); this one needs it (`sluice bench` speaks HTTP o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import os
 import statistics
@@ -37,10 +42,37 @@ LEVELS = (1, 64)
 PA_WINDOW = ["-p", "3000", "-s", "50", "-r", "8"]
 
 
-def serve_command(port: int) -> list[str]:
-    """HTTP on `port`, gRPC on `port + 1`, metrics on `port + 2`, as Triton's 8000-8002."""
+#: `sluice serve` with the modules of a folder (argv[1]) found first in sluice.gateway.
+OVERLAY_LAUNCHER = (
+    "import sys, sluice.gateway as g; g.__path__.insert(0, sys.argv.pop(1)); "
+    "from sluice.cli import main; main()"
+)
+
+
+def grpc_modules_at(ref: str) -> Path:
+    """gateway/grpc_*.py as they are at git `ref`, in a folder of their own."""
+    folder = Path(tempfile.mkdtemp(prefix="grpc-at-"))
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=ROOT, check=True, capture_output=True, text=True
+        ).stdout
+
+    for path in git("ls-tree", "--name-only", ref, "gateway/").split():
+        name = Path(path).name
+        if name.startswith("grpc_") and name.endswith(".py"):
+            (folder / name).write_text(git("show", f"{ref}:{path}"))
+    return folder
+
+
+def serve_command(port: int, overlay: Path | None = None) -> list[str]:
+    """HTTP on `port`, gRPC on `port + 1`, metrics on `port + 2`, as Triton's 8000-8002;
+    with `overlay`, the gateway modules found there replace this checkout's."""
+    python = (sys.executable, "-m", "sluice")
+    if overlay is not None:
+        python = (sys.executable, "-c", OVERLAY_LAUNCHER, str(overlay))
     return [
-        *(sys.executable, "-m", "sluice", "serve", "--model-repository", str(EXAMPLES)),
+        *(*python, "serve", "--model-repository", str(EXAMPLES)),
         *("--http-port", str(port), "--grpc-port", str(port + 1)),
         *("--metrics-port", str(port + 2), "--bulk-workers", "0", "--log-level", "warning"),
     ]
@@ -77,25 +109,27 @@ def measure(protocol: str, port: int, level: int, pid: int) -> dict[str, float |
     }
 
 
-def report(runs: dict[tuple[str, int], list[dict[str, float | str]]], rounds: int) -> str:
+def report(
+    runs: dict[tuple[str, int], list[dict[str, float | str]]], labels: list[str], rounds: int
+) -> str:
     lines = [
         f"medians of {rounds} round(s); perf_analyzer sync, batch 1, mlp",
         "| protocol | c | infer/s | p50 ms | p99 ms | gateway CPU µs/infer | load avg |",
         "|---|---|---|---|---|---|---|",
     ]
     for level in LEVELS:
-        for protocol in PROTOCOLS:
-            ok = [r for r in runs[(protocol, level)] if "error" not in r]
+        for label in labels:
+            ok = [r for r in runs[(label, level)] if "error" not in r]
             if not ok:
-                errors = {str(r["error"]) for r in runs[(protocol, level)]}
-                lines.append(f"| {protocol} | {level} | failed: {'; '.join(errors)} |")
+                errors = {str(r["error"]) for r in runs[(label, level)]}
+                lines.append(f"| {label} | {level} | failed: {'; '.join(errors)} |")
                 continue
 
             def median(key: str, rows: list[dict[str, float | str]] = ok) -> float:
                 return statistics.median(float(r[key]) for r in rows)
 
             lines.append(
-                f"| {protocol} | {level} | {median('throughput'):,.0f} | "
+                f"| {label} | {level} | {median('throughput'):,.0f} | "
                 f"{median('p50_ms'):.2f} | {median('p99_ms'):.2f} | "
                 f"{median('gateway_cpu_us'):.0f} | {median('loadavg_1m'):.1f} |"
             )
@@ -106,21 +140,33 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--port", type=int, default=18800)
+    parser.add_argument("--baseline", metavar="REF", help="also gRPC with grpc_*.py at REF")
     args = parser.parse_args()
     if not (EXAMPLES / "mlp" / "1" / "model.pt").exists():
         raise SystemExit("build the example models first: python examples/build_models.py")
-    runs: dict[tuple[str, int], list[dict[str, float | str]]] = {
-        (p, c): [] for p in PROTOCOLS for c in LEVELS
-    }
-    with running(serve_command(args.port)) as serve:
-        wait_ready(f"127.0.0.1:{args.port}")
+    with contextlib.ExitStack() as stack:
+        serve = stack.enter_context(running(serve_command(args.port)))
+        # label -> (protocol, the serve's HTTP port, its pid)
+        targets = {p: (p, args.port, serve.pid) for p in PROTOCOLS}
+        if args.baseline:
+            port = args.port + 10
+            overlay = grpc_modules_at(args.baseline)
+            other = stack.enter_context(running(serve_command(port, overlay)))
+            targets[f"grpc@{args.baseline}"] = ("grpc", port, other.pid)
+        for _, port, _ in targets.values():
+            wait_ready(f"127.0.0.1:{port}")
+        labels = list(targets)
+        runs: dict[tuple[str, int], list[dict[str, float | str]]] = {
+            (label, c): [] for label in labels for c in LEVELS
+        }
         for n in range(args.rounds):
             for level in LEVELS:
-                for protocol in PROTOCOLS if n % 2 == 0 else PROTOCOLS[::-1]:
-                    row = measure(protocol, args.port, level, serve.pid)
-                    print(protocol, level, row, flush=True)
-                    runs[(protocol, level)].append(row)
-    print(report(runs, args.rounds))
+                for label in labels if n % 2 == 0 else labels[::-1]:
+                    protocol, port, pid = targets[label]
+                    row = measure(protocol, port, level, pid)
+                    print(label, level, row, flush=True)
+                    runs[(label, level)].append(row)
+    print(report(runs, labels, args.rounds))
 
 
 if __name__ == "__main__":

@@ -225,15 +225,17 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             await self._abort(context, exc)
         return infer_response(outcome)
 
-    async def _infer(self, request: Any, gone: asyncio.Future[None] | None = None) -> InferOutcome:
+    async def _infer(self, request: Any) -> InferOutcome:
         """Run one request; the RPC cancelled (client gone, deadline passed) cancels it in
         the queue, as a closed HTTP connection does. The core runs in a task of its own so
-        that grpc's cancellation reaches it as `gone` rather than as CancelledError."""
-        gone = gone or asyncio.get_running_loop().create_future()
+        that grpc's cancellation reaches it as `gone` rather than as CancelledError (grpc
+        cancels the handler before it runs the context's done callbacks, too late for that)."""
+        loop = asyncio.get_running_loop()
+        gone: asyncio.Future[None] = loop.create_future()
         infer = self.core.infer(
             request.model_name, _version(request.model_version), GrpcInfer(request), gone
         )
-        task = asyncio.ensure_future(infer)
+        task = loop.create_task(infer)
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:

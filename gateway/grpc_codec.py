@@ -51,7 +51,9 @@ UNSUPPORTED_PARAMETERS = {
 
 def parameter_values(parameters: Any) -> dict[str, Any]:
     """A protobuf map of InferParameter (or ModelRepositoryParameter) as plain values."""
-    values = {}
+    values: dict[str, Any] = {}
+    if not parameters:  # the usual case, and iterating an empty map is not free
+        return values
     for key, parameter in parameters.items():
         kind = parameter.WhichOneof("parameter_choice")
         if kind is not None:
@@ -90,6 +92,8 @@ class GrpcInfer:
 
 
 def _refuse_unsupported(parameters: Any, where: str) -> None:
+    if not parameters:
+        return
     for key, reason in UNSUPPORTED_PARAMETERS.items():
         if key in parameters:
             raise InvalidInput(f"{where}: {reason}")
@@ -160,14 +164,13 @@ def _typed_contents(contents: Any, datatype: str, shape: tuple[int, ...], where:
 
 
 def infer_response(outcome: InferOutcome) -> Any:
-    """The ModelInferResponse of a served request: every output raw, the request id echoed."""
-    output_tensor = pb.ModelInferResponse.InferOutputTensor
-    return pb.ModelInferResponse(
-        model_name=outcome.model,
-        model_version=str(outcome.version),
-        id=outcome.request.id or "",
-        outputs=[
-            output_tensor(name=t.name, datatype=t.datatype, shape=t.shape) for t in outcome.outputs
-        ],
-        raw_output_contents=[bytes(t.data) for t in outcome.outputs],
+    """The ModelInferResponse of a served request: every output raw, the request id echoed.
+    Built in place: nested messages passed to a constructor are copied into it."""
+    response = pb.ModelInferResponse(
+        model_name=outcome.model, model_version=str(outcome.version), id=outcome.request.id or ""
     )
+    add_output, raw = response.outputs.add, response.raw_output_contents
+    for t in outcome.outputs:
+        add_output(name=t.name, datatype=t.datatype, shape=t.shape)
+        raw.append(bytes(t.data))
+    return response
