@@ -70,6 +70,26 @@ def build_mlp_onnx(version_dir: Path) -> None:
     partial.replace(path)
 
 
+def build_mlp_pt2(version_dir: Path) -> None:
+    """The reference MLP, same weights, exported with a dynamic batch dim (1..64, as mlp's
+    max_batch_size) and compiled by AOTInductor for this machine's CPU. It needs a C++ compiler
+    (g++) and costs about 30 s of CPU the first time (most of it compiling the C++ wrapper),
+    less once torch's compile cache (/tmp/torchinductor_<user>) holds its kernels."""
+    import torch._inductor
+
+    path = version_dir / "model.pt2"
+    partial = path.with_suffix(".partial.pt2")  # the packager wants the .pt2 suffix
+    batch = torch.export.Dim("batch", min=1, max=64)
+    with warnings.catch_warnings():
+        # torch 2.13 pickles the call spec with a check that it deprecates itself
+        warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)`", FutureWarning)
+        program = torch.export.export(
+            reference_mlp(), (torch.zeros(2, 512),), dynamic_shapes=({0: batch},)
+        )
+        torch._inductor.aoti_compile_and_package(program, package_path=str(partial))
+    partial.replace(path)
+
+
 def build_digits(version_dir: Path) -> None:
     """A small CNN on scikit-learn's bundled 8x8 digits; input [N,1,8,8] in 0..1, 10 logits."""
     torch.manual_seed(0)
@@ -126,6 +146,7 @@ def build_breast_cancer_xgb(version_dir: Path) -> None:
 BUILDERS: dict[str, tuple[str, Callable[[Path], None]]] = {
     "mlp": ("model.pt", build_mlp),
     "mlp_onnx": ("model.onnx", build_mlp_onnx),
+    "mlp_pt2": ("model.pt2", build_mlp_pt2),
     "digits": ("model.pt", build_digits),
     "breast_cancer_xgb": ("xgboost.ubj", build_breast_cancer_xgb),
 }
