@@ -357,21 +357,49 @@ def test_outputs_whose_first_dim_is_not_the_batch_fail_the_batch_clearly(
         infer({"INPUT__0": torch.ones(3, 4)})
 
 
+def _with_metadata(source: Path, target: Path, **changes: str) -> Path:
+    """A copy of an AOTInductor package whose metadata says otherwise, as the same package
+    compiled elsewhere would."""
+    with zipfile.ZipFile(source) as old, zipfile.ZipFile(target, "w") as new:
+        for item in old.infolist():
+            data = old.read(item)
+            if item.filename.endswith(".wrapper_metadata.json"):
+                data = json.dumps({**json.loads(data), **changes}).encode()
+            new.writestr(item, data)
+    return target
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU would run it")
 def test_a_cuda_package_on_a_worker_without_a_gpu_is_refused(
     archives: Archives, tmp_path: Path
 ) -> None:
-    """The package's own metadata says cuda (as aoti_compile_and_package on a GPU writes)."""
-    cuda = tmp_path / "cuda.pt2"
-    with zipfile.ZipFile(archives.aoti_dynamic) as source, zipfile.ZipFile(cuda, "w") as target:
-        for item in source.infolist():
-            data = source.read(item)
-            if item.filename.endswith(".wrapper_metadata.json"):
-                data = json.dumps({**json.loads(data), "AOTI_DEVICE_KEY": "cuda"}).encode()
-            target.writestr(item, data)
+    cuda = _with_metadata(archives.aoti_dynamic, tmp_path / "cuda.pt2", AOTI_DEVICE_KEY="cuda")
     model_dir = _place(tmp_path, "m", cuda, config("m"))
     with pytest.raises(ModelConfigError, match="compiled for CUDA but this worker has no GPU"):
         _load(model_dir)
+
+
+def test_a_package_for_another_cpu_is_refused_before_it_can_crash_the_worker(
+    archives: Archives, tmp_path: Path
+) -> None:
+    capabilities = torch.cpu.get_capabilities()
+    other = "aarch64" if capabilities["architecture"] != "aarch64" else "x86_64"
+    arm = _with_metadata(archives.aoti_dynamic, tmp_path / "arm.pt2", AOTI_MACHINE=other)
+    with pytest.raises(ModelConfigError, match=f"compiled for {other}, this worker is"):
+        _load(_place(tmp_path, "arm", arm, config("arm")))
+
+
+def test_a_package_for_vector_instructions_this_cpu_lacks_is_refused(
+    archives: Archives, tmp_path: Path
+) -> None:
+    capabilities = torch.cpu.get_capabilities()
+    isas = (("AMX_TILE", "amx_tile"), ("AVX512", "avx512_f"), ("AVX2", "avx2"))
+    lacking = [isa for isa, capability in isas if not capabilities.get(capability)]
+    if not lacking:
+        pytest.skip("this CPU has every vector ISA AOTInductor compiles for")
+    package = _with_metadata(archives.aoti_dynamic, tmp_path / "isa.pt2", AOTI_CPU_ISA=lacking[0])
+    with pytest.raises(ModelConfigError, match=f"compiled for a CPU with {lacking[0]}, which"):
+        _load(_place(tmp_path, "isa", package, config("isa")))
 
 
 def test_a_file_that_is_no_pt2_archive_is_refused_saying_what_it_needs(

@@ -151,17 +151,17 @@ def _range(checks: dict[str, dict[tuple[int, int], int]], index: int, dim: int) 
     return DimRange(checks["low"].get((index, dim), 0), checks["high"].get((index, dim)))
 
 
-def aoti_device(path: Path) -> str:
-    """The device type an AOTInductor package was compiled for ("cpu", "cuda"), from the
-    metadata it ships."""
+def aoti_metadata(path: Path) -> dict[str, str]:
+    """What an AOTInductor package says it was compiled for: AOTI_DEVICE_KEY ("cpu",
+    "cuda"), AOTI_MACHINE, AOTI_CPU_ISA ("AVX512 AVX512_VNNI", ...)."""
     with zipfile.ZipFile(path) as archive:
         for name in archive.namelist():
             if name.split("/")[1:4] == ["data", "aotinductor", AOTI_MODEL] and name.endswith(
                 ".wrapper_metadata.json"
             ):
-                key = json.loads(archive.read(name)).get("AOTI_DEVICE_KEY", "cpu")
-                return str(key)
-    return "cpu"
+                metadata = json.loads(archive.read(name))
+                return {str(key): str(value) for key, value in metadata.items()}
+    return {}
 
 
 def leaf_names(call_spec: str, kind: Literal["inputs", "outputs"]) -> list[str]:

@@ -29,8 +29,8 @@ from sluice.workers.backends.pt2_archive import (
     WIRE_DATATYPE,
     DimRange,
     InputSignature,
-    aoti_device,
     aoti_input_signatures,
+    aoti_metadata,
     archive_kind,
     leaf_names,
 )
@@ -136,8 +136,11 @@ def _load_aoti(path: Path, spec: ModelSpec, device: torch.device) -> Program:
 
 def _aoti_run_device(path: Path, spec: ModelSpec, device: torch.device) -> torch.device:
     """Where an AOTInductor package runs: the device it was compiled for (the instance's GPU
-    for a CUDA package); a CUDA package where no GPU is is refused."""
-    compiled_for = aoti_device(path)
+    for a CUDA package). A CUDA package where no GPU is, or one compiled for another machine
+    or for vector instructions this CPU lacks (it would crash the worker), is refused."""
+    metadata = aoti_metadata(path)
+    _check_machine(path, metadata)
+    compiled_for = metadata.get("AOTI_DEVICE_KEY", "cpu")
     if compiled_for == "cpu":
         if device.type != "cpu":
             log.warning(
@@ -159,6 +162,29 @@ def _aoti_run_device(path: Path, spec: ModelSpec, device: torch.device) -> torch
         log.warning("model %r: %s is compiled for CUDA: it runs on cuda:0", spec.name, path)
         return torch.device("cuda", 0)
     return torch.device("cuda", device.index or 0)
+
+
+#: the CPU capability (torch's cpuinfo names) each of AOTInductor's vector ISAs needs
+_ISA_NEEDS = {
+    "AVX2": "avx2",
+    "AVX512": "avx512_f",
+    "AVX512_VNNI": "avx512_vnni",
+    "AMX_TILE": "amx_tile",
+}
+
+
+def _check_machine(path: Path, metadata: dict[str, str]) -> None:
+    capabilities = torch.cpu.get_capabilities()
+    machine, here = metadata.get("AOTI_MACHINE"), capabilities.get("architecture")
+    if machine and here and machine != here:
+        raise ModelConfigError(f"{path}: compiled for {machine}, this worker is {here}")
+    isas = [isa for isa in metadata.get("AOTI_CPU_ISA", "").upper().split() if isa in _ISA_NEEDS]
+    missing = [isa for isa in isas if not capabilities.get(_ISA_NEEDS[isa], False)]
+    if missing:
+        raise ModelConfigError(
+            f"{path}: compiled for a CPU with {' '.join(missing)}, which this worker's CPU "
+            "lacks: compile it (aoti_compile_and_package) on the kind of machine that serves it"
+        )
 
 
 def _load_exported_program(path: Path, device: torch.device) -> Program:
