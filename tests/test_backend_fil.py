@@ -9,6 +9,8 @@ concurrent requests (which batch) are compared with the framework's own predicti
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import textwrap
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -390,8 +392,9 @@ def test_without_treelite_a_fil_model_is_unavailable_naming_the_extra(
     hide.mkdir()
     # sitecustomize runs at every interpreter's start: treelite cannot be found or imported
     (hide / "sitecustomize.py").write_text('import sys\nsys.modules["treelite"] = None\n')
+    path = os.pathsep.join([str(hide), os.environ.get("PYTHONPATH", "")])
     svc = start_service(
-        ["--model-repository", str(repo), "--redis-url", redis_url], env={"PYTHONPATH": str(hide)}
+        ["--model-repository", str(repo), "--redis-url", redis_url], env={"PYTHONPATH": path}
     )
     try:
         with httpclient.InferenceServerClient(svc.http_url) as client:
@@ -497,3 +500,17 @@ def test_a_file_that_is_no_model_is_refused_with_its_path_and_format(tmp_path: P
     with pytest.raises(ModelConfigError) as err:
         fil.load_forest(path, _options(model_type="lightgbm"))
     assert str(err.value).startswith(f"{path}: cannot load as model_type 'lightgbm': ")
+
+
+def test_unknown_json_fields_load_only_when_allowed(tmp_path: Path) -> None:
+    x, y = load_iris(return_X_y=True)
+    path = tmp_path / "xgboost.json"
+    xgboost.XGBClassifier(n_estimators=3, max_depth=2).fit(x, y).save_model(str(path))
+    document = json.loads(path.read_text())
+    document["learner"]["written_by_a_newer_xgboost"] = 1
+    path.write_text(json.dumps(document))
+    with pytest.raises(ModelConfigError, match="cannot load as model_type 'xgboost_json'"):
+        fil.load_forest(path, _options(model_type="xgboost_json"))
+    allowed = _options(model_type="xgboost_json", xgboost_allow_unknown_field="true")
+    with pytest.warns(UserWarning, match="written_by_a_newer_xgboost"):
+        assert fil.load_forest(path, allowed).num_feature == 4
