@@ -514,3 +514,19 @@ def test_unknown_json_fields_load_only_when_allowed(tmp_path: Path) -> None:
     allowed = _options(model_type="xgboost_json", xgboost_allow_unknown_field="true")
     with pytest.warns(UserWarning, match="written_by_a_newer_xgboost"):
         assert fil.load_forest(path, allowed).num_feature == 4
+
+
+def test_a_shap_output_is_refused_saying_so(tmp_path: Path) -> None:
+    x, y = load_breast_cancer(return_X_y=True)
+    config = fil_config("shap", 30, 1, parameters=_classifier("xgboost_json")).replace(
+        "output [ {", 'output [ { name: "treeshap_output" data_type: TYPE_FP32 dims: [ 31 ] }, {'
+    )
+    path = _write(tmp_path, "shap", config, "xgboost.json")
+    xgboost.XGBClassifier(n_estimators=3, max_depth=2).fit(x, y).save_model(str(path))
+    spec = load_model_config(tmp_path / "shap", complete=fil.complete_config)
+    with pytest.raises(ModelConfigError) as err:
+        fil.load_instance(spec, tmp_path / "shap", 1, torch.device("cpu"), 0)
+    assert str(err.value).endswith(
+        "output: a FIL model has the one output 'output__0', got ['treeshap_output', "
+        "'output__0'] (sluice does not compute 'treeshap_output')"
+    )
