@@ -291,6 +291,10 @@ BROKEN = {
         config("m", first_type="TYPE_FP64"),
         "input 'INPUT__0' (ARGS[0]): config.pbtxt says TYPE_FP64 but the model takes FP32",
     ),
+    "bytes": (
+        config("m", first_type="TYPE_STRING"),
+        "input 'INPUT__0' (ARGS[0]): BYTES cannot reach a .pt2 model (torch has no string tensors)",
+    ),
     "wrong_dims": (
         config("m", (("INPUT__0", "5"), INPUTS[1])),
         "input 'INPUT__0' (ARGS[0]): dims[0] is 5 in config.pbtxt but 4 in the model",

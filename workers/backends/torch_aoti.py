@@ -275,6 +275,10 @@ def _check_inputs(spec: ModelSpec, path: Path, program: Program, inputs: dict[st
     for tensor in spec.inputs:
         signature = program.inputs[inputs[tensor.name]]
         where = f"{path}: input '{tensor.name}' ({program.input_names[inputs[tensor.name]]})"
+        if tensor.datatype == "BYTES":
+            raise ModelConfigError(
+                f"{where}: BYTES cannot reach a .pt2 model (torch has no string tensors)"
+            )
         if signature.datatype is not None and signature.datatype != tensor.datatype:
             raise ModelConfigError(
                 f"{where}: config.pbtxt says TYPE_{tensor.datatype} but the model takes "
