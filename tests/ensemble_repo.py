@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+import tritonclient.http as httpclient
+
+from sluice.embedded_redis import EmbeddedRedis
+from tests.conftest import ON_CLUSTER, Service, start_service, stop_service, wait_until
+from tests.redis_cluster import EmbeddedCluster
 
 F32 = "TYPE_FP32"
 
@@ -142,3 +149,23 @@ def build(root: Path) -> Path:
         [("inc", {"NOPE": "IN"}, {"Y": "OUT"})],
     )
     return root
+
+
+@contextlib.contextmanager
+def serving(repo: Path, ready: str) -> Iterator[Service]:
+    """`sluice serve` on `repo` for the block, once the model `ready` is ready, on a Redis of
+    its own (a gateway is ready once every model its Redis has seen is)."""
+    with contextlib.ExitStack() as stack:
+        redis_server = stack.enter_context(EmbeddedCluster() if ON_CLUSTER else EmbeddedRedis())
+        yield stack.enter_context(_serve(repo, redis_server.url, ready))
+
+
+@contextlib.contextmanager
+def _serve(repo: Path, redis_url: str, ready: str) -> Iterator[Service]:
+    svc = start_service(["--model-repository", str(repo), "--redis-url", redis_url])
+    try:
+        client = httpclient.InferenceServerClient(svc.http_url)
+        wait_until(lambda: client.is_model_ready(ready), f"{ready} to be ready")
+        yield svc
+    finally:
+        stop_service(svc)

@@ -9,19 +9,15 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import Service, start_service, stop_service, wait_until
-from tests.ensemble_repo import build
+from tests.conftest import Service, wait_until
+from tests.ensemble_repo import build, serving
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory, redis_server: object) -> Iterator[Service]:
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     repo = build(tmp_path_factory.mktemp("ensembles"))
-    url = redis_server.url  # type: ignore[attr-defined]
-    svc = start_service(["--model-repository", str(repo), "--redis-url", url])
-    client = httpclient.InferenceServerClient(svc.http_url)
-    wait_until(lambda: client.is_model_ready("nested"), "the ensembles to be ready")
-    yield svc
-    stop_service(svc)
+    with serving(repo, "nested") as svc:
+        yield svc
 
 
 def infer(

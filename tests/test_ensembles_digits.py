@@ -13,7 +13,8 @@ import torch
 import tritonclient.http as httpclient
 from sklearn.datasets import load_digits
 
-from tests.conftest import Service, start_service, stop_service, wait_until
+from tests.conftest import Service
+from tests.ensemble_repo import serving
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "model_repository"
 
@@ -32,7 +33,7 @@ class StandIn(torch.nn.Module):
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory, redis_server: object) -> Iterator[Service]:
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     repo = tmp_path_factory.mktemp("digits")
     for name in ("digits_pre", "digits_post", "digits_ensemble"):
         shutil.copytree(EXAMPLES / name, repo / name)
@@ -40,12 +41,8 @@ def served(tmp_path_factory: pytest.TempPathFactory, redis_server: object) -> It
     for name in ("config.pbtxt", "labels.txt"):
         shutil.copy(EXAMPLES / "digits" / name, repo / "digits" / name)
     torch.jit.script(StandIn()).save(str(repo / "digits" / "1" / "model.pt"))
-    url = redis_server.url  # type: ignore[attr-defined]
-    svc = start_service(["--model-repository", str(repo), "--redis-url", url])
-    client = httpclient.InferenceServerClient(svc.http_url)
-    wait_until(lambda: client.is_model_ready("digits_ensemble"), "digits_ensemble to be ready")
-    yield svc
-    stop_service(svc)
+    with serving(repo, "digits_ensemble") as svc:
+        yield svc
 
 
 def _call(
