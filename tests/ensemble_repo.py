@@ -152,20 +152,15 @@ def build(root: Path) -> Path:
 
 
 @contextlib.contextmanager
-def serving(repo: Path, ready: str) -> Iterator[Service]:
-    """`sluice serve` on `repo` for the block, once the model `ready` is ready, on a Redis of
-    its own (a gateway is ready once every model its Redis has seen is)."""
+def serving(repo: Path, ready: str | None, *options: str) -> Iterator[Service]:
+    """`sluice serve` on `repo` (and `options`) for the block, once the model `ready` is
+    ready, on a Redis of its own (a gateway is ready once every model its Redis has seen is)."""
     with contextlib.ExitStack() as stack:
         redis_server = stack.enter_context(EmbeddedCluster() if ON_CLUSTER else EmbeddedRedis())
-        yield stack.enter_context(_serve(repo, redis_server.url, ready))
-
-
-@contextlib.contextmanager
-def _serve(repo: Path, redis_url: str, ready: str) -> Iterator[Service]:
-    svc = start_service(["--model-repository", str(repo), "--redis-url", redis_url])
-    try:
-        client = httpclient.InferenceServerClient(svc.http_url)
-        wait_until(lambda: client.is_model_ready(ready), f"{ready} to be ready")
+        args = ["--model-repository", str(repo), "--redis-url", redis_server.url, *options]
+        svc = start_service(args)
+        stack.callback(stop_service, svc)
+        if ready is not None:
+            client = httpclient.InferenceServerClient(svc.http_url)
+            wait_until(lambda: client.is_model_ready(ready), f"{ready} to be ready")
         yield svc
-    finally:
-        stop_service(svc)

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -128,3 +129,13 @@ def test_ensemble_config_and_statistics(served: Service) -> None:
         )
 
     wait_until(counted, "the ensemble's statistics")
+
+
+def test_ensemble_over_grpc(served: Service) -> None:
+    client = grpcclient.InferenceServerClient(served.grpc_url)
+    x = np.array([[2.0], [7.0]], dtype=np.float32)
+    given = grpcclient.InferInput("IN", list(x.shape), "FP32")
+    given.set_data_from_numpy(x)
+    result = client.infer("dag", [given])
+    np.testing.assert_array_equal(result.as_numpy("OUT"), (x + 1) + 2 * x)
+    client.close()
