@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -154,6 +155,20 @@ def start_sluice(
 def start_service(args: list[str], env: dict[str, str] | None = None) -> Service:
     """Start `sluice serve ...` and return once it logs that it is ready."""
     return start_sluice("serve", args, env)
+
+
+@contextlib.contextmanager
+def serving_alone(repo: Path) -> Iterator[Service]:
+    """`sluice serve` on `repo` with a Redis of its own, for a module's own models: the models
+    a fleet announced stay in its Redis after it stops, and a later fleet on that Redis (the
+    session's `service`) would wait for them to be served before it says it is ready."""
+    with _redis() as server:
+        service = start_service(["--model-repository", str(repo), "--redis-url", server.url])
+        try:
+            yield service
+        finally:
+            if service.process.poll() is None:
+                stop_service(service)
 
 
 def stop_service(service: Service) -> int:

@@ -60,13 +60,13 @@ def _to_model_input(
     batched: bool,
     device: torch.device,
 ) -> object:
+    if spec_reshape is not None:
+        array = array.reshape((array.shape[0], *spec_reshape) if batched else spec_reshape)
     if datatype == "BYTES":
         return array
     tensor = torch.from_numpy(array)
     if datatype == "BF16":
         tensor = tensor.view(_TORCH_DTYPE_FOR_BF16)
-    if spec_reshape is not None:
-        tensor = tensor.reshape((tensor.shape[0], *spec_reshape) if batched else spec_reshape)
     return tensor.to(device, non_blocking=True)
 
 
@@ -124,7 +124,7 @@ def split(
                 f"'{io.name}' for a batch of {total}"
             )
         if io.reshape is not None:
-            array = array.reshape((total, *_client_shape(io.dims, array[0].size)))
+            array = array.reshape((total, *_client_shape(io.dims, array.size // max(total, 1))))
         offset = 0
         for index, size in enumerate(sizes):
             if wanted[index]:

@@ -63,7 +63,7 @@ def load_instance(
 ) -> TensorFunction:
     """A session of the version's model, its config checked against the graph."""
     path = _model_path(model_dir / str(version) / spec.model_filename)
-    session = _session(path, _session_options(spec, path), _providers(spec))
+    session = _session(path, session_options(spec, path), _providers(spec))
     graph_inputs = {i.name: i for i in session.get_inputs()}
     overridable = {i.name: i for i in session.get_overridable_initializers()}
     _check_inputs(spec, graph_inputs, overridable)
@@ -194,7 +194,7 @@ def _providers(spec: ModelSpec) -> list[Any]:
     return [_CPU]
 
 
-def _session_options(spec: ModelSpec, path: Path) -> Any:
+def session_options(spec: ModelSpec, path: Path) -> Any:
     """Triton's parameters for the session: thread counts, execution mode, memory arena and
     pattern, and the graph optimisation level."""
     options = ort.SessionOptions()
