@@ -5,6 +5,8 @@ to onnxruntime's own run of the same file. Models are built here with the onnx p
 from __future__ import annotations
 
 import re
+import runpy
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ from sluice.workers.backends import (
 )
 from sluice.workers.backends.onnxruntime import session_options
 
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 RNG = np.random.default_rng(0)
 WEIGHT = RNG.standard_normal((4, 3)).astype(np.float32)
 BIAS = RNG.standard_normal(3).astype(np.float32)
@@ -441,3 +444,17 @@ def test_a_model_exported_by_torch_onnx_serves_as_torch_computes(tmp_path: Path)
     out = load_instance(spec, tmp_path / "exported", 1, choose_device(spec), 0)({"features": x})
     with torch.no_grad():
         np.testing.assert_allclose(out["scores"], module(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_the_example_mlp_onnx_is_the_reference_mlp(tmp_path: Path) -> None:
+    """examples/build_models.py exports `mlp`'s weights: mlp_onnx, under its committed config,
+    answers as the reference MLP does."""
+    builders = runpy.run_path(str(EXAMPLES / "build_models.py"))
+    model_dir = tmp_path / "mlp_onnx"
+    (model_dir / "1").mkdir(parents=True)
+    shutil.copy(EXAMPLES / "model_repository" / "mlp_onnx" / "config.pbtxt", model_dir)
+    builders["build_mlp_onnx"](model_dir / "1")
+    x = torch.randn(3, 512)
+    out = _instance(model_dir)({"INPUT__0": x})["OUTPUT__0"]
+    with torch.no_grad():
+        np.testing.assert_allclose(out, builders["reference_mlp"]()(x).numpy(), atol=1e-5)
