@@ -334,6 +334,15 @@ def test_batching_a_graph_whose_first_dim_is_fixed(tmp_path: Path) -> None:
     assert "the first dimension must be -1" in message
 
 
+def test_an_optional_input_of_a_batching_model(tmp_path: Path) -> None:
+    config = LINEAR_CONFIG.replace("dims: [ 4 ]", "dims: [ 4 ] optional: true")
+    message = _load_error(write_model(tmp_path, "linear", linear_graph(), config))
+    assert message == (
+        "unable to load model 'linear', optional input 'x' is not supported for models that "
+        "support batching"
+    )
+
+
 def test_a_file_that_is_not_onnx(tmp_path: Path) -> None:
     model_dir = write_model(tmp_path, "junk", linear_graph(), LINEAR_CONFIG)
     (model_dir / "1" / "model.onnx").write_bytes(b"not a model")
