@@ -290,37 +290,50 @@ def test_inputs_reach_onnxruntime_as_views_of_the_stacked_tensors(tmp_path: Path
 # -- config checked against the graph ------------------------------------------------------
 
 
-def test_a_config_with_too_many_inputs(tmp_path: Path) -> None:
-    config = LINEAR_CONFIG.replace(
-        'input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]',
-        'input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] },'
-        ' { name: "z" data_type: TYPE_FP32 dims: [ 4 ] } ]',
-    )
-    message = _load_error(write_model(tmp_path, "linear", linear_graph(), config))
-    assert (
-        message == "unable to load model 'linear', configuration expects 2 inputs, model provides 1"
-    )
+_TWO_INPUTS = (
+    'input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] },'
+    ' { name: "z" data_type: TYPE_FP32 dims: [ 4 ] } ]'
+)
 
 
-def test_an_unknown_input_name(tmp_path: Path) -> None:
-    config = LINEAR_CONFIG.replace('name: "x"', 'name: "INPUT__0"')
-    message = _load_error(write_model(tmp_path, "linear", linear_graph(), config))
-    assert message == "unexpected inference input 'INPUT__0', allowed inputs are: x"
-
-
-def test_an_unknown_output_name(tmp_path: Path) -> None:
-    config = LINEAR_CONFIG.replace('name: "y"', 'name: "probs"')
-    message = _load_error(write_model(tmp_path, "linear", linear_graph(), config))
-    assert message == "unexpected inference output 'probs', allowed outputs are: label, y"
-
-
-def test_a_data_type_mismatch(tmp_path: Path) -> None:
-    config = LINEAR_CONFIG.replace("TYPE_INT64", "TYPE_INT32")
-    message = _load_error(write_model(tmp_path, "linear", linear_graph(), config))
-    assert message == (
-        "unable to load model 'linear', configuration expects datatype TYPE_INT32 for output "
-        "'label', model provides TYPE_INT64"
-    )
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        (
+            'input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]',
+            _TWO_INPUTS,
+            "unable to load model 'linear', configuration expects 2 inputs, model provides 1",
+        ),
+        (
+            'name: "x"',
+            'name: "INPUT__0"',
+            "unexpected inference input 'INPUT__0', allowed inputs are: x",
+        ),
+        (
+            'name: "y"',
+            'name: "probs"',
+            "unexpected inference output 'probs', allowed outputs are: label, y",
+        ),
+        (
+            "TYPE_INT64",
+            "TYPE_INT32",
+            "unable to load model 'linear', configuration expects datatype TYPE_INT32 for "
+            "output 'label', model provides TYPE_INT64",
+        ),
+        (
+            "dims: [ 4 ]",
+            "dims: [ 4 ] optional: true",
+            "unable to load model 'linear', optional input 'x' is not supported for models "
+            "that support batching",
+        ),
+    ],
+)
+def test_a_config_the_graph_contradicts_gets_tritons_message(
+    tmp_path: Path, old: str, new: str, message: str
+) -> None:
+    config = LINEAR_CONFIG.replace(old, new)
+    assert config != LINEAR_CONFIG
+    assert _load_error(write_model(tmp_path, "linear", linear_graph(), config)) == message
 
 
 def test_a_shape_mismatch(tmp_path: Path) -> None:
@@ -332,15 +345,6 @@ def test_a_shape_mismatch(tmp_path: Path) -> None:
 def test_batching_a_graph_whose_first_dim_is_fixed(tmp_path: Path) -> None:
     message = _load_error(write_model(tmp_path, "fixed", linear_graph(batch=2), LINEAR_CONFIG))
     assert "the first dimension must be -1" in message
-
-
-def test_an_optional_input_of_a_batching_model(tmp_path: Path) -> None:
-    config = LINEAR_CONFIG.replace("dims: [ 4 ]", "dims: [ 4 ] optional: true")
-    message = _load_error(write_model(tmp_path, "linear", linear_graph(), config))
-    assert message == (
-        "unable to load model 'linear', optional input 'x' is not supported for models that "
-        "support batching"
-    )
 
 
 def test_a_file_that_is_not_onnx(tmp_path: Path) -> None:
