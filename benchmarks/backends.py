@@ -142,7 +142,9 @@ def load_once(url: str, model: str, level: int) -> dict[str, float | str]:
             timeout=600,
         )
         if run.returncode != 0 or not (folder / "pa.csv").exists():
-            return {"error": " ".join(run.stdout.strip().splitlines()[-1:])}
+            lines = (run.stdout + run.stderr).strip().splitlines()
+            failures = [line for line in lines if "rror" in line or "ailed" in line]
+            return {"error": " ".join((failures or lines)[-1:])}
         row = next(csv.DictReader((folder / "pa.csv").open()))
         record: dict[str, float | str] = {
             "throughput": float(row["Inferences/Second"]),

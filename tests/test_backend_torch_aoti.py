@@ -26,6 +26,7 @@ import tritonclient.http as httpclient
 from sluice.shared.errors import ModelConfigError, ModelExecutionError
 from sluice.shared.model_config import load_model_config
 from sluice.workers.backends import TensorFunction, load_instance
+from sluice.workers.backends.aoti_runner import library_entry
 from sluice.workers.backends.pt2_archive import leaf_names
 from torch import nn
 from torch.export import Dim
@@ -283,6 +284,37 @@ def test_ordinal_names_bind_in_call_spec_order_whatever_the_config_order(
     result = infer({"INPUT__1": kwargs["shift"], "INPUT__0": args[0]})
     assert set(result) == {"OUTPUT__1"}
     torch.testing.assert_close(result["OUTPUT__1"], args[0] * 2)
+
+
+def test_an_exported_programs_inputs_bind_by_forwards_parameter_names(
+    archives: Archives, tmp_path: Path
+) -> None:
+    text = config("m", (("shift", "3"), ("x", "4")))
+    infer = _load(_place(tmp_path, "m", archives.program_dynamic, text))
+    args, kwargs = _example(2)
+    result = infer({"x": args[0], "shift": kwargs["shift"]})
+    torch.testing.assert_close(result["OUTPUT__0"], archives.eager(*args, **kwargs)["y"])
+
+
+def test_a_package_with_files_beside_its_library_runs_through_torchs_loader(
+    archives: Archives, tmp_path: Path
+) -> None:
+    """A plain CPU package runs through its library's C API (without the GIL); any other
+    (weights or kernels as files of their own) through torch's loader, with equal answers."""
+    assert library_entry(archives.aoti_dynamic) is not None
+    other = tmp_path / "other.pt2"
+    with zipfile.ZipFile(archives.aoti_dynamic) as old, zipfile.ZipFile(other, "w") as new:
+        for item in old.infolist():
+            new.writestr(item, old.read(item))
+        prefix = old.namelist()[0].split("/")[0]
+        new.writestr(f"{prefix}/data/aotinductor/model/extra.bin", b"\0")
+    assert library_entry(other) is None
+    args, kwargs = _example(4)
+    expected = archives.eager(*args, **kwargs)
+    for archive in (archives.aoti_dynamic, other):
+        infer = _load(_place(tmp_path / archive.stem, "m", archive, config("m")))
+        result = infer({"INPUT__0": args[0], "INPUT__1": kwargs["shift"]})
+        torch.testing.assert_close(result["OUTPUT__0"], expected["y"])
 
 
 #: a config of Affine that its .pt2 contradicts -> what the load error must say

@@ -3,7 +3,8 @@
 
 Config tensors bind to the call spec's tensors as Triton's torch_aoti binds them: ordinal
 `INPUT__<i>` / `OUTPUT__<i>` in call-spec order, or forward-based `ARGS[i]`, `KWARGS[name]`,
-`RESULT`, `RESULT[i]`, `RESULT[key]`; else in config order. Beyond Triton (whose torch_aoti
+`RESULT`, `RESULT[i]`, `RESULT[key]`; an ExportedProgram's inputs also by forward()'s
+parameter names; else in config order. Beyond Triton (whose torch_aoti
 runs one row at a time), a model exported with a dynamic first dim is batched when
 `max_batch_size > 0`; one whose first dim is fixed is refused at load.
 
@@ -25,6 +26,7 @@ import torch
 from sluice.shared.errors import ModelConfigError, ModelExecutionError
 from sluice.shared.model_config import ModelSpec
 from sluice.workers.backends import TensorFunction
+from sluice.workers.backends.aoti_runner import ContainerRunner, library_entry
 from sluice.workers.backends.pt2_archive import (
     WIRE_DATATYPE,
     DimRange,
@@ -49,6 +51,8 @@ class Program:
     input_names: list[str]
     output_names: list[str]
     inputs: list[InputSignature]
+    #: forward()'s parameter names of the inputs, where the archive keeps them
+    argument_names: list[str] | None = None
 
 
 def load_instance(
@@ -63,7 +67,12 @@ def load_instance(
     else:
         program = _load_exported_program(path, device)
     inputs = _bind(
-        [t.name for t in spec.inputs], program.input_names, "input", path, require_all=True
+        [t.name for t in spec.inputs],
+        program.input_names,
+        "input",
+        path,
+        require_all=True,
+        argument_names=program.argument_names,
     )
     outputs = _bind(
         [t.name for t in spec.outputs], program.output_names, "output", path, require_all=False
@@ -88,10 +97,9 @@ def _infer(
             raise ModelExecutionError(f"model '{spec.name}' needs input {missing[0]!r}")
         # AOTInductor code reads its inputs' memory as compiled: dense, on its device.
         flat = [batch[name].to(run_device).contiguous() for name in order]
-        rows = len(flat[0])
-        result = run(flat)  # AOTInductor empties the list
+        result = run(flat)
         if spec.max_batch_size > 0:
-            _check_rows(path, result, rows)
+            _check_rows(path, result, len(flat[0]))
         return {name: result[i] for name, i in outputs.items()}
 
     return infer
@@ -108,9 +116,31 @@ def _check_rows(path: Path, result: Sequence[torch.Tensor], rows: int) -> None:
 
 
 def _load_aoti(path: Path, spec: ModelSpec, device: torch.device) -> Program:
+    run_device = _aoti_run_device(path, spec, device)
+    entry = library_entry(path) if run_device.type == "cpu" else None
+    if entry is not None:
+        runner = ContainerRunner(path, entry)
+        in_spec, out_spec = runner.call_spec()
+        run: Callable[[list[torch.Tensor]], Sequence[torch.Tensor]] = runner.run
+    else:
+        in_spec, out_spec, run = _load_with_torch(path, run_device)
+    input_names = leaf_names(in_spec, "inputs")
+    return Program(
+        run,
+        run_device,
+        input_names,
+        leaf_names(out_spec, "outputs"),
+        aoti_input_signatures(path, len(input_names)),
+    )
+
+
+def _load_with_torch(
+    path: Path, run_device: torch.device
+) -> tuple[str, str, Callable[[list[torch.Tensor]], Sequence[torch.Tensor]]]:
+    """torch's package loader (CUDA packages, weights beside the library), whose run holds
+    the GIL while the model computes."""
     import torch._inductor  # heavy: only a worker with such a model pays it
 
-    run_device = _aoti_run_device(path, spec, device)
     try:
         package = torch._inductor.aoti_load_package(
             str(path), device_index=run_device.index if run_device.type == "cuda" else -1
@@ -119,19 +149,12 @@ def _load_aoti(path: Path, spec: ModelSpec, device: torch.device) -> Program:
         raise ModelConfigError(f"{path}: cannot load AOTInductor package: {exc}") from exc
     loader = package.loader
     in_spec, out_spec = loader.get_call_spec()
-    input_names = leaf_names(in_spec, "inputs")
 
     def run(flat: list[torch.Tensor]) -> Sequence[torch.Tensor]:
-        result: list[torch.Tensor] = loader.boxed_run(flat)  # takes the list's tensors
+        result: list[torch.Tensor] = loader.run(flat)
         return result
 
-    return Program(
-        run,
-        run_device,
-        input_names,
-        leaf_names(out_spec, "outputs"),
-        aoti_input_signatures(path, len(input_names)),
-    )
+    return in_spec, out_spec, run
 
 
 def _aoti_run_device(path: Path, spec: ModelSpec, device: torch.device) -> torch.device:
@@ -215,6 +238,7 @@ def _load_exported_program(path: Path, device: torch.device) -> Program:
         leaf_names(pytree.treespec_dumps(in_spec), "inputs"),
         leaf_names(pytree.treespec_dumps(out_spec), "outputs"),
         signatures,
+        list(exported.graph_signature.user_inputs),
     )
 
 
@@ -238,16 +262,25 @@ def _dim_range(size: int | torch.SymInt, ranges: dict[Any, Any]) -> DimRange:
 
 
 def _bind(
-    config: list[str], model: list[str], label: str, path: Path, *, require_all: bool
+    config: list[str],
+    model: list[str],
+    label: str,
+    path: Path,
+    *,
+    require_all: bool,
+    argument_names: list[str] | None = None,
 ) -> dict[str, int]:
     """Each config tensor's position in the call spec: by Triton's ordinal name, by its
-    forward-based name, else in config order."""
+    forward-based name, by forward()'s parameter name (an ExportedProgram keeps them), else
+    in config order."""
     ordinal = re.compile(rf"^{label.upper()}__(\d+)$")
     ordinals = [ordinal.match(name) for name in config]
     if all(ordinals):
         positions = {name: int(m.group(1)) for name, m in zip(config, ordinals, strict=True) if m}
     elif all(name in model for name in config):
         positions = {name: model.index(name) for name in config}
+    elif argument_names and all(name in argument_names for name in config):
+        positions = {name: argument_names.index(name) for name in config}
     elif len(config) == len(model):
         positions = {name: i for i, name in enumerate(config)}
     else:
@@ -286,6 +319,8 @@ def _check_inputs(spec: ModelSpec, path: Path, program: Program, inputs: dict[st
             )
         if signature.dims is None:
             continue
+        if batched and not signature.dims:
+            raise ModelConfigError(f"{where}: the model takes a scalar, which cannot batch")
         config_dims = tensor.reshape if tensor.reshape is not None else tensor.dims
         model_dims = signature.dims[1:] if batched else signature.dims
         if len(model_dims) != len(config_dims):
