@@ -33,8 +33,7 @@ from sluice.workers.backends import fil
 from sluice.workers.backends.fil import FilOptions, fil_output, parse_options
 from tritonclient.utils import InferenceServerException
 
-from sluice.embedded_redis import EmbeddedRedis
-from tests.conftest import Service, start_service, stop_service
+from tests.conftest import Service, serving_alone, start_service, stop_service
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 EXAMPLE = "breast_cancer_xgb"
@@ -264,15 +263,9 @@ def cases(repo_and_cases: tuple[Path, dict[str, Case]]) -> dict[str, Case]:
 
 
 @pytest.fixture(scope="module")
-def service(
-    repo_and_cases: tuple[Path, dict[str, Case]], redis_server: EmbeddedRedis
-) -> Iterator[Service]:
-    repo = repo_and_cases[0]
-    svc = start_service(["--model-repository", str(repo), "--redis-url", redis_server.url])
-    try:
+def service(repo_and_cases: tuple[Path, dict[str, Case]]) -> Iterator[Service]:
+    with serving_alone(repo_and_cases[0]) as svc:
         yield svc
-    finally:
-        stop_service(svc)
 
 
 @pytest.fixture(scope="module")

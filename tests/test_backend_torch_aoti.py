@@ -32,8 +32,7 @@ from torch import nn
 from torch.export import Dim
 from torch.utils import _pytree as pytree
 
-from sluice.embedded_redis import EmbeddedRedis
-from tests.conftest import Service, start_service, stop_service
+from tests.conftest import Service, serving_alone
 
 # torch 2.13 pickles call specs with a check it deprecates itself
 pytestmark = pytest.mark.filterwarnings(
@@ -192,10 +191,9 @@ def repo(archives: Archives, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def service(repo: Path, redis_server: EmbeddedRedis) -> Iterator[Service]:
-    svc = start_service(["--model-repository", str(repo), "--redis-url", redis_server.url])
-    yield svc
-    stop_service(svc)
+def service(repo: Path) -> Iterator[Service]:
+    with serving_alone(repo) as svc:
+        yield svc
 
 
 @pytest.fixture

@@ -15,11 +15,11 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from sluice.embedded_redis import EmbeddedRedis
 from tests.conftest import (
     HERE,
     Service,
     build_named_args_model,
+    serving_alone,
     start_service,
     stop_service,
     wait_until,
@@ -39,11 +39,9 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def service(repo: Path, redis_server: EmbeddedRedis) -> Iterator[Service]:
-    svc = start_service(["--model-repository", str(repo), "--redis-url", redis_server.url])
-    yield svc
-    if svc.process.poll() is None:
-        stop_service(svc)
+def service(repo: Path) -> Iterator[Service]:
+    with serving_alone(repo) as svc:
+        yield svc
 
 
 @pytest.fixture
