@@ -10,7 +10,9 @@ runs one row at a time), a model exported with a dynamic first dim is batched wh
 
 An AOTInductor package is compiled for one device: a CPU package runs on the CPU whatever the
 instance kind (a GPU instance's inputs are copied back to the host); a CUDA package needs a
-GPU. An ExportedProgram is not compiled and runs on the instance's device.
+GPU. A plain CPU package runs through its library's C API without the GIL (aoti_runner);
+others through torch's loader. An ExportedProgram is not compiled and runs on the instance's
+device.
 """
 
 from __future__ import annotations
