@@ -9,6 +9,8 @@ The config.pbtxt and labels files are written by hand and committed; only the mo
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import time
 import warnings
 from collections.abc import Callable
@@ -21,6 +23,10 @@ from sklearn.model_selection import train_test_split
 from torch import nn
 
 DEFAULT_REPOSITORY = Path(__file__).resolve().parent / "model_repository"
+
+
+class NotBuilt(Exception):
+    """A model this machine cannot build; the others are built all the same."""
 
 
 def save_torchscript(model: nn.Module, example: torch.Tensor, path: Path) -> None:
@@ -77,6 +83,9 @@ def build_mlp_pt2(version_dir: Path) -> None:
     less once torch's compile cache (/tmp/torchinductor_<user>) holds its kernels."""
     import torch._inductor
 
+    compiler = os.environ.get("CXX") or "g++"  # the one AOTInductor runs
+    if shutil.which(compiler) is None:
+        raise NotBuilt(f"compiling a .pt2 needs a C++ compiler: {compiler} is not on the PATH")
     path = version_dir / "model.pt2"
     partial = path.with_suffix(".partial.pt2")  # the packager wants the .pt2 suffix
     batch = torch.export.Dim("batch", min=1, max=64)
@@ -165,7 +174,11 @@ def main() -> None:
             continue
         version_dir.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
-        build(version_dir)
+        try:
+            build(version_dir)
+        except NotBuilt as reason:
+            print(f"{name}: not built: {reason}")
+            continue
         print(f"{name}: wrote {version_dir / filename} in {time.perf_counter() - start:.1f}s")
 
 
