@@ -4,7 +4,7 @@ The gateway never runs a step and never sees an intermediate tensor: it sends on
 request per source step (a step fed by the client's inputs alone) to that model's stream, with
 the continuation the workers follow (sluice.shared.ensemble_wire), and waits on its reply
 stream for the ensemble request's id, which the last step (or the first failing one) answers.
-Client inputs that a joining step needs are written to the request's join state first.
+Client inputs that later steps need travel with the step requests.
 The ensemble's own statistics (counts, request time; queue time 0, as Triton reports) are
 logged here, since only the gateway sees the whole request.
 """
@@ -19,7 +19,7 @@ from sluice.gateway.dispatcher import Dispatcher, Route
 from sluice.gateway.model_table import ModelTable, ModelView
 from sluice.shared import keys
 from sluice.shared.ensemble import CLIENT, EnsembleError, Plan, build_plan, collect_configs
-from sluice.shared.ensemble_wire import Continuation, join_command, step_request
+from sluice.shared.ensemble_wire import Continuation, step_request
 from sluice.shared.errors import ModelNotReady, SluiceError
 from sluice.shared.infer_codec import ParsedInfer
 from sluice.shared.protocol import Request, Result, encode_requests
@@ -90,9 +90,6 @@ class Ensembles:
         tensors = {t.name: t for t in parsed.inputs}
         first, *others = plan.sources()
         sends: list[Any] = []
-        join = join_command(request_id, cont, CLIENT, tensors)
-        if join is not None:
-            sends.append(join)
         for step in others:
             stream, request = step_request(parent, cont, step, tensors, started)
             sends.append(xadd(stream, encode_requests([request])))

@@ -85,8 +85,27 @@ class Plan:
         ]
 
     def joins(self, index: int, requested: Sequence[str] | None = None) -> bool:
-        """Whether step `index` waits on more than one producer (state kept in Redis)."""
-        return len(self.producers(index, requested)) > 1
+        """Whether step `index` waits on more than one step (state kept in Redis); the
+        client's inputs come with the step before it (`carried`)."""
+        return len(self.producers(index, requested) - {CLIENT}) > 1
+
+    def carried(self, index: int, requested: Sequence[str] | None = None) -> tuple[str, ...]:
+        """The client's inputs that the steps after step `index` (and the answer) take, which
+        its request carries along."""
+        below: dict[str, None] = {}
+        seen: set[int] = set()
+        todo = self.consumers(index, requested)
+        while todo:
+            consumer = todo.pop()
+            if consumer in seen:
+                continue
+            seen.add(consumer)
+            for tensor in self.needs(consumer, requested):
+                if self.producer(tensor) == CLIENT:
+                    below[tensor] = None
+            if consumer != self.final:
+                todo += self.consumers(consumer, requested)
+        return tuple(sorted(below))
 
     def sources(self) -> list[int]:
         """The steps fed by the client's request alone: the gateway sends them."""

@@ -4,7 +4,9 @@ A step request is an ordinary request to the composing model's stream; its conti
 which step of which plan it is, where the ensemble's answer goes and what the client asked for.
 Whoever finishes a step (a worker, or the gateway for the client's own inputs) sends each next
 step fed by it alone straight to that model's stream, and answers the gateway when it fed the
-answer alone. A step fed by several producers (a join) waits in the ensemble request's hash:
+answer alone. The client's inputs that later steps need travel along with each step request
+(`carried`), so a chain never touches the hash. A step fed by several steps (a join) waits in
+the ensemble request's hash:
 `JOIN` records a producer's tensors and returns the steps it made ready, each to exactly one
 producer, so a step is started once even when its producer is run again after a crash.
 """
@@ -17,7 +19,7 @@ from typing import Any
 
 import msgpack
 from sluice.shared import keys
-from sluice.shared.ensemble import Plan
+from sluice.shared.ensemble import CLIENT, Plan
 from sluice.shared.lua import Lua
 from sluice.shared.protocol import Request, Result, Tensor
 
@@ -111,6 +113,7 @@ def step_request(
     (renamed to the model's input names) and its fields inherited from `parent`."""
     spec = cont.plan.steps[step]
     inputs = [_renamed(tensors[tensor], name) for name, tensor in spec.inputs.items()]
+    carried = [_renamed(tensors[t], t) for t in cont.plan.carried(step, cont.requested)]
     request = Request(
         parent.id,
         spec.version,
@@ -120,6 +123,7 @@ def step_request(
         tuple(spec.outputs),
         parent.parameters,
         cont.at(step).encode(),
+        carried,
     )
     return keys.request_stream(spec.model, cont.levels[step]), request
 
@@ -136,10 +140,12 @@ def failure(request_id: str, plan: Plan, error: tuple[str, str]) -> Result:
     return Result(request_id, error=(code, f"in ensemble '{plan.name}', {message}"))
 
 
-def produced(cont: Continuation, outputs: Iterable[Tensor]) -> dict[str, Tensor]:
-    """A finished step's outputs by their ensemble tensor names."""
+def produced(request: Request, cont: Continuation, outputs: Iterable[Tensor]) -> dict[str, Tensor]:
+    """A finished step's outputs by their ensemble tensor names, with what it carried."""
     names = cont.plan.steps[cont.step].outputs
-    return {names[t.name]: t for t in outputs if t.name in names}
+    tensors = {t.name: t for t in request.carried}
+    tensors.update({names[t.name]: t for t in outputs if t.name in names})
+    return tensors
 
 
 def _renamed(tensor: Tensor, name: str) -> Tensor:
@@ -161,14 +167,17 @@ def unpack_tensor(name: str, raw: bytes) -> Tensor:
 def join_command(
     request_id: str, cont: Continuation, producer: int, tensors: Mapping[str, Tensor]
 ) -> tuple[Any, ...] | None:
-    """The JOIN call recording what `producer` (a step, or CLIENT) feeds joining consumers;
-    None when it feeds none."""
+    """The JOIN call recording what step `producer` feeds joining consumers (its outputs, and
+    the client's inputs it carried); None when it feeds none."""
     plan = cont.plan
     joined = [c for c in plan.consumers(producer, cont.requested) if plan.joins(c, cont.requested)]
     if not joined:
         return None
     mine = {
-        t for c in joined for t in plan.needs(c, cont.requested) if plan.producer(t) == producer
+        t
+        for c in joined
+        for t in plan.needs(c, cont.requested)
+        if plan.producer(t) == producer or (plan.producer(t) == CLIENT and t in tensors)
     }
     args: list[Any] = [producer, cont.ttl_ms, len(mine)]
     for tensor in sorted(mine):

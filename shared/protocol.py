@@ -7,7 +7,8 @@ the same event-loop turn) as two fields:
   ``[id, version, enqueue_ns, reply_to, [[name, datatype, shape, nbytes], ...], outputs, params]``;
 * ``d``: the raw tensor bytes of every input, concatenated in header order.
 
-An ensemble step's request carries its continuation as the parameter ``sluice_ensemble``.
+An ensemble step's request carries its continuation as the parameter ``sluice_ensemble``, and
+the client inputs later steps need after its own inputs, counted by ``sluice_carried``.
 
 Reply entries mirror it: ``[SCHEMA, [[id, [[name, datatype, shape, nbytes], ...], error], ...]]``
 plus the concatenated output bytes. Tensors are never inside msgpack, so decoding is
@@ -27,6 +28,8 @@ from sluice.shared.datatypes import ELEMENT_SIZE, element_count
 SCHEMA = 1
 #: the request parameter that carries an ensemble step's continuation.
 CONTINUATION = "sluice_ensemble"
+#: the request parameter that counts the tensors after its inputs carried for later steps.
+CARRIED = "sluice_carried"
 
 #: caps on what a header may declare, so a hostile entry cannot make the decoder allocate.
 MAX_HEADER_BYTES = 1 << 20
@@ -69,6 +72,9 @@ class Request:
     #: an ensemble step's continuation (sluice.shared.ensemble_wire), carried on the wire as
     #: the parameter CONTINUATION and never among the parameters a model sees.
     continuation: list[Any] | None = None
+    #: an ensemble step's client inputs that later steps need: on the wire after `inputs`,
+    #: counted by the parameter CARRIED, never among the inputs a model sees.
+    carried: list[Tensor] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -98,15 +104,22 @@ def encode_requests(requests: Sequence[Request]) -> dict[str, bytes]:
             r.version,
             r.enqueue_ns,
             r.reply_to,
-            _tensor_headers(r.inputs, blobs),
+            _tensor_headers([*r.inputs, *r.carried], blobs),
             list(r.outputs) if r.outputs is not None else None,
-            r.parameters
-            if r.continuation is None
-            else {**r.parameters, CONTINUATION: r.continuation},
+            _parameters(r),
         ]
         for r in requests
     ]
     return {"h": msgpack.packb([SCHEMA, items]), "d": b"".join(blobs)}
+
+
+def _parameters(request: Request) -> dict[str, Any]:
+    if request.continuation is None:
+        return request.parameters
+    extra: dict[str, Any] = {CONTINUATION: request.continuation}
+    if request.carried:
+        extra[CARRIED] = len(request.carried)
+    return {**request.parameters, **extra}
 
 
 def encode_results(results: Sequence[Result]) -> dict[str, bytes]:
@@ -193,6 +206,11 @@ def decode_requests(fields: Fields) -> list[Request]:
         continuation = params.pop(CONTINUATION, None)
         if continuation is not None and not isinstance(continuation, list):
             raise ProtocolError("an ensemble continuation must be a list")
+        carried = params.pop(CARRIED, 0)
+        if not (_is_int(carried) and 0 <= carried <= len(inputs)):
+            raise ProtocolError("carried tensors must be a count of the request's tensors")
+        kept = inputs[len(inputs) - carried :]
+        del inputs[len(inputs) - carried :]
         requests.append(
             Request(
                 rid,
@@ -203,6 +221,7 @@ def decode_requests(fields: Fields) -> list[Request]:
                 _names(outputs, "outputs"),
                 params,
                 continuation,
+                kept,
             )
         )
     return requests

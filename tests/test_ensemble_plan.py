@@ -181,3 +181,16 @@ def test_missing_parts_of_a_step() -> None:
     config = ensemble("bad", ["IN"], ["OUT"], [])
     with pytest.raises(EnsembleError, match="must specify 'step' for ensemble 'bad'"):
         build_plan("bad", {"bad": config})
+
+
+def test_client_inputs_ride_along_a_chain_instead_of_a_join() -> None:
+    config = ensemble(
+        "late",
+        ["IN", "BIAS"],
+        ["OUT"],
+        [("inc", {"X": "IN"}, {"Y": "mid"}), ("add", {"A": "mid", "B": "BIAS"}, {"SUM": "OUT"})],
+    )
+    plan = build_plan("late", {"late": config, "inc": INC, "add": ADD})
+    assert not plan.joins(1)
+    assert plan.carried(0) == ("BIAS",)
+    assert plan.carried(1) == ()

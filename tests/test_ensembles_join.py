@@ -7,7 +7,7 @@ import numpy as np
 from sluice.shared import keys
 from sluice.shared.ensemble import CLIENT, build_plan
 from sluice.shared.ensemble_wire import Continuation, join_command, ready_steps
-from sluice.shared.protocol import Tensor
+from sluice.shared.protocol import Request, Tensor, decode_requests, encode_requests
 from sluice.shared.redis_client import sync_client
 
 from tests.test_ensemble_plan import ADD, INC, dag
@@ -41,3 +41,14 @@ def test_a_join_is_issued_once_and_again_only_to_its_issuer(redis_url: str) -> N
     assert finish(0, "left", 2.0) == []  # re-run of the other producer: never
     assert 0 < client.pttl(keys.ensemble_state("e1")) <= 30_000
     client.close()
+
+
+def test_carried_tensors_travel_after_the_inputs_and_come_back_apart() -> None:
+    request = Request("r", 0, 0, "replies", [_tensor("X", 1.0)], None, {"p": 1}, ["cont"])
+    request.carried = [_tensor("BIAS", 2.0)]
+    fields = {name.encode(): value for name, value in encode_requests([request]).items()}
+    (decoded,) = decode_requests(fields)
+    assert [t.name for t in decoded.inputs] == ["X"]
+    assert [t.name for t in decoded.carried] == ["BIAS"]
+    assert decoded.continuation == ["cont"] and decoded.parameters == {"p": 1}
+    assert np.frombuffer(decoded.carried[0].data, np.float32)[0] == 2.0

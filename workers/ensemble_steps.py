@@ -77,7 +77,7 @@ async def continue_steps(
         if result.error is not None:
             onward.answers[cont.reply_to].append(failure(request.id, cont.plan, result.error))
             continue
-        tensors = produced(cont, result.outputs)
+        tensors = produced(request, cont, result.outputs)
         for consumer in direct_consumers(cont, cont.step):
             onward.route(request, cont, consumer, tensors)
         call = join_command(request.id, cont, cont.step, tensors)
