@@ -113,13 +113,7 @@ class AsyncTransport:
         async with asyncio.timeout(timeout_s or self.timeout_s):
             for attempt in (1, 2):
                 reused = bool(self._idle)
-                reader, writer = (
-                    self._idle.pop()
-                    if reused
-                    else await asyncio.open_connection(
-                        self.endpoint.host, self.endpoint.port, ssl=self.endpoint.tls
-                    )
-                )
+                reader, writer = self._idle.pop() if reused else await self._open()
                 try:
                     response = await self._exchange(reader, writer, method, path, body, headers)
                 except (ConnectionError, asyncio.IncompleteReadError):
@@ -136,6 +130,17 @@ class AsyncTransport:
                     self._idle.append((reader, writer))
                 return response
         raise AssertionError("unreachable")
+
+    async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        try:
+            return await asyncio.open_connection(
+                self.endpoint.host, self.endpoint.port, ssl=self.endpoint.tls
+            )
+        except ssl.SSLError:
+            # a failed handshake's transport is closed by a callback asyncio has queued: let it
+            # run, or the socket may outlive the caller's event loop (a ResourceWarning)
+            await asyncio.sleep(0)
+            raise
 
     async def _exchange(
         self,
