@@ -27,7 +27,13 @@ from sluice.shared import keys
 from sluice.shared.admission import ENQUEUE
 from sluice.shared.errors import Cancelled, Unavailable
 from sluice.shared.idle_poll import DEFAULT_WINDOW_US, IdlePoll
-from sluice.shared.protocol import ProtocolError, Request, Result, decode_results, encode_requests
+from sluice.shared.protocol import (
+    ProtocolError,
+    Request,
+    Result,
+    encode_requests,
+    settle_results,
+)
 from sluice.shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS, server_info
 from sluice.shared.redis_wire import Command, Wire, stream_entries, xadd
 
@@ -391,14 +397,9 @@ class Dispatcher:
 
     def _resolve(self, fields: dict[bytes, bytes]) -> None:
         try:
-            results = decode_results(fields)
+            settle_results(fields, self.waiting)
         except ProtocolError as exc:
             log.error("undecodable reply entry: %s", exc)
-            return
-        for result in results:
-            future = self.waiting.get(result.id)
-            if future is not None and not future.done():
-                future.set_result(result)
 
     def inflight_snapshot(self) -> dict[str, int]:
         return {slot: n for slot, n in self.inflight.items() if n}

@@ -17,7 +17,8 @@ plus the concatenated output bytes. Tensors are never inside msgpack, so decodin
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import asyncio
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -247,3 +248,12 @@ def decode_results(fields: Fields) -> list[Result]:
 def job_event(job_id: str, status: str) -> bytes:
     """What a job's pub/sub channel carries: JSON `{"id", "status"}`."""
     return orjson.dumps({"id": job_id, "status": status})
+
+
+def settle_results(fields: Fields, waiting: Mapping[str, asyncio.Future[Result]]) -> None:
+    """Hand a reply entry's results to the futures waiting on their ids (ProtocolError if the
+    entry does not decode); a result nobody waits for any more is dropped."""
+    for result in decode_results(fields):
+        future = waiting.get(result.id)
+        if future is not None and not future.done():
+            future.set_result(result)

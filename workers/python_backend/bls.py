@@ -32,8 +32,8 @@ from sluice.shared.protocol import (
     Request,
     Result,
     Tensor,
-    decode_results,
     encode_requests,
+    settle_results,
 )
 from sluice.shared.queue_policy import QueuePolicy
 from sluice.shared.redis_client import REDIS_ERRORS, async_client
@@ -207,14 +207,9 @@ class BlsClient:
 
     def _resolve(self, fields: dict[bytes, bytes]) -> None:
         try:
-            results = decode_results(fields)
+            settle_results(fields, self._waiting)
         except ProtocolError as exc:
             log.error("undecodable BLS reply entry: %s", exc)
-            return
-        for result in results:
-            answer = self._waiting.get(result.id)
-            if answer is not None and not answer.done():
-                answer.set_result(result)
 
     def close(self) -> None:
         """Stop the loop; the reply stream goes with it."""
