@@ -53,6 +53,8 @@ BACKEND_RULES = (
     BackendRule("python", "python", (), "model.py"),
     BackendRule("onnxruntime", "onnxruntime", ("onnxruntime_onnx",), "model.onnx"),
     BackendRule("fil", "fil", (), "xgboost.model"),
+    BackendRule("openvino", "openvino", (), "model.xml"),
+    BackendRule("tensorrt", "tensorrt", ("tensorrt_plan",), "model.plan"),
     BackendRule("ensemble", "", ("ensemble",), ""),
 )
 #: FIL's default file name follows its `model_type` parameter (fil_backend docs/model_config.md).

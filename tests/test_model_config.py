@@ -245,7 +245,7 @@ def test_unknown_field_names_file_and_line(tmp_path: Path) -> None:
         ),
         ('backend: "pytorch" max_batch_size: -1', "max_batch_size: must be >= 0"),
         ('platform: "tensorflow_graphdef"', "platform: unsupported platform 'tensorflow_graphdef'"),
-        ('backend: "tensorrt"', "backend: unsupported backend 'tensorrt'"),
+        ('backend: "dali"', "backend: unsupported backend 'dali'"),
         ('platform: "pytorch_libtorch" backend: "python"', "backend: backend 'python' does not"),
         ("max_batch_size: 4", "platform: must specify 'platform' or 'backend'"),
         ('name: "other" backend: "pytorch"', "name: 'other' must equal the directory name 'm'"),

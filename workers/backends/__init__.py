@@ -4,8 +4,9 @@ A backend is a module of this package, imported only when a model of its kind lo
 defines `load_instance(spec, model_dir, version, device, index) -> Infer` and, optionally,
 `complete_config(cfg, model_dir) -> None` (Triton's auto-complete: fill in, in place, the
 inputs, outputs and batching that config.pbtxt leaves out and the model's own file says).
-A backend whose packages are not installed makes its models UNAVAILABLE with the extra to
-install as the reason; the worker's other models serve.
+A backend whose packages are not installed, or that needs an NVIDIA GPU where none is present,
+makes its models UNAVAILABLE with the reason (and the extra to install); the worker's other
+models serve.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 log = logging.getLogger(__name__)
 
+#: Triton's --backend-config=<backend>,default-max-batch-size default, for auto-complete.
+DEFAULT_MAX_BATCH_SIZE = 4
 #: a model that computes a stacked batch: named input tensors (torch tensors on the model's
 #: device; BYTES: numpy object arrays) to named outputs (torch tensors or numpy arrays).
 TensorFunction = Callable[[dict[str, Any]], dict[str, Any]]
@@ -47,6 +50,8 @@ class Backend:
     #: the batch's inputs are stacked in host memory whatever the instance's kind (the
     #: backend moves them to its device itself).
     host_inputs: bool = False
+    #: it runs only on an NVIDIA GPU (CUDA).
+    needs_cuda: bool = False
 
 
 #: keyed by ModelSpec.kind (shared/model_config.py BACKEND_RULES).
@@ -56,6 +61,8 @@ BACKENDS: dict[str, Backend] = {
     "onnxruntime": Backend("onnxruntime", ("onnxruntime",), "onnx", host_inputs=True),
     "torch_aoti": Backend("torch_aoti"),
     "fil": Backend("fil", ("treelite",), "fil", host_inputs=True),
+    "openvino": Backend("openvino", ("openvino",), "openvino", host_inputs=True),
+    "tensorrt": Backend("tensorrt", ("tensorrt",), "tensorrt", needs_cuda=True),
 }
 
 
@@ -100,6 +107,33 @@ def close_instance(infer: Infer) -> None:
         infer.close()
 
 
+def complete_batching(cfg: ModelConfig) -> None:
+    """Triton's auto-complete of a model that can batch: an unset `max_batch_size` becomes the
+    default (with Triton's warning), and above 1, without a scheduler, it batches dynamically."""
+    if cfg.max_batch_size == 0:
+        cfg.max_batch_size = DEFAULT_MAX_BATCH_SIZE
+        log.warning(
+            "autofilled max_batch_size to %d for model '%s' since batching is supported but no "
+            "max_batch_size is specified in model configuration",
+            DEFAULT_MAX_BATCH_SIZE,
+            cfg.name,
+        )
+    if cfg.max_batch_size > 1 and not (
+        cfg.HasField("dynamic_batching") or cfg.HasField("sequence_batching")
+    ):
+        cfg.dynamic_batching.SetInParent()
+
+
+def newest_model_file(model_dir: Path, filename: str) -> Path | None:
+    """`filename` in the newest version folder that has it: what auto-complete reads."""
+    versions = sorted(
+        (int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()),
+        reverse=True,
+    )
+    paths = (model_dir / str(version) / filename for version in versions)
+    return next((path for path in paths if path.exists()), None)
+
+
 def missing_packages(kind: str) -> list[str]:
     """The packages a kind's backend needs that are not installed."""
     return [name for name in BACKENDS[kind].requires if importlib.util.find_spec(name) is None]
@@ -109,15 +143,24 @@ def _backend_module(kind: str, model: str, where: Path) -> ModuleType:
     backend = BACKENDS.get(kind)
     if backend is None:
         raise ModelConfigError(f"{where}: no '{kind}' backend in this worker")
+    install = f"pip install 'sluice-serve[{backend.extra}]'" if backend.extra else ""
+    if backend.needs_cuda and not torch.cuda.is_available():
+        packages = _packages(backend.requires)
+        raise ModelConfigError(
+            f"model '{model}' needs an NVIDIA GPU and {packages}"
+            + (f" ({install})" if install else "")
+            + ": no CUDA device is present"
+        )
     missing = missing_packages(kind)
     if missing:
-        packages = " and ".join(missing)
-        install = f"pip install 'sluice-serve[{backend.extra}]'" if backend.extra else ""
         raise ModelConfigError(
-            f"model '{model}' needs the {packages} package{'s' if len(missing) > 1 else ''}"
-            + (f": {install}" if install else "")
+            f"model '{model}' needs {_packages(missing)}" + (f": {install}" if install else "")
         )
     return importlib.import_module(f"{__name__}.{backend.module}")
+
+
+def _packages(names: list[str] | tuple[str, ...]) -> str:
+    return f"the {' and '.join(names)} package{'s' if len(names) > 1 else ''}"
 
 
 def _kind_of(cfg: ModelConfig) -> str | None:

@@ -20,13 +20,10 @@ import onnxruntime as ort
 import torch
 from sluice.shared.errors import ModelConfigError
 from sluice.shared.model_config import ModelSpec
-from sluice.workers.backends import TensorFunction
+from sluice.workers.backends import TensorFunction, complete_batching, newest_model_file
 from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig
 
 log = logging.getLogger(__name__)
-
-#: Triton's --backend-config=onnxruntime,default-max-batch-size default.
-DEFAULT_MAX_BATCH_SIZE = 4
 
 #: ONNX Runtime's element types as Triton's config data types.
 _CONFIG_TYPES = {
@@ -90,9 +87,10 @@ def complete_config(cfg: ModelConfig, model_dir: Path) -> None:
     dynamic batching (when it can batch more than one)."""
     if cfg.input and cfg.output:
         return
-    path = _newest_model_path(model_dir, cfg.default_model_filename or "model.onnx")
-    if path is None:
+    found = newest_model_file(model_dir, cfg.default_model_filename or "model.onnx")
+    if found is None:
         return  # the scan reports the missing file
+    path = _model_path(found)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = _session(path, options, [_CPU])
@@ -114,18 +112,7 @@ def _complete_batching(cfg: ModelConfig, can_batch: bool) -> None:
                 "non-zero max_batch_size is specified"
             )
         return
-    if cfg.max_batch_size == 0:
-        cfg.max_batch_size = DEFAULT_MAX_BATCH_SIZE
-        log.warning(
-            "autofilled max_batch_size to %d for model '%s' since batching is supported but no "
-            "max_batch_size is specified in model configuration",
-            DEFAULT_MAX_BATCH_SIZE,
-            cfg.name,
-        )
-    if cfg.max_batch_size > 1 and not (
-        cfg.HasField("dynamic_batching") or cfg.HasField("sequence_batching")
-    ):
-        cfg.dynamic_batching.SetInParent()
+    complete_batching(cfg)
 
 
 def _fill_tensor(io: Any, tensor: Any, max_batch_size: int, path: Path) -> None:
@@ -158,18 +145,6 @@ def _batchable(shape: list[Any]) -> bool:
 def _dim(value: Any) -> int:
     """A graph dimension: a number, or -1 for a symbolic or unknown one."""
     return value if isinstance(value, int) and value >= 0 else -1
-
-
-def _newest_model_path(model_dir: Path, filename: str) -> Path | None:
-    versions = sorted(
-        (int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()),
-        reverse=True,
-    )
-    for version in versions:
-        path = model_dir / str(version) / filename
-        if path.exists():
-            return _model_path(path)
-    return None
 
 
 def _model_path(path: Path) -> Path:
