@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -74,6 +75,20 @@ def build_mlp_onnx(version_dir: Path) -> None:
             dynamo=False,
         )
     partial.replace(path)
+
+
+def build_mlp_openvino(version_dir: Path) -> None:
+    """The reference MLP, same weights, as OpenVINO IR (model.xml + model.bin): mlp_onnx's
+    export converted by OpenVINO, its weights kept in FP32 so it answers as `mlp` does."""
+    import openvino  # here: the other models build without the [openvino] extra
+
+    with tempfile.TemporaryDirectory() as exported:
+        build_mlp_onnx(Path(exported))
+        model = openvino.convert_model(Path(exported) / "model.onnx")
+    partial = version_dir / "model.partial.xml"
+    openvino.save_model(model, partial, compress_to_fp16=False)
+    partial.with_suffix(".bin").replace(version_dir / "model.bin")
+    partial.replace(version_dir / "model.xml")  # last: a killed build leaves no model.xml
 
 
 def build_mlp_pt2(version_dir: Path) -> None:
@@ -155,6 +170,7 @@ def build_breast_cancer_xgb(version_dir: Path) -> None:
 BUILDERS: dict[str, tuple[str, Callable[[Path], None]]] = {
     "mlp": ("model.pt", build_mlp),
     "mlp_onnx": ("model.onnx", build_mlp_onnx),
+    "mlp_openvino": ("model.xml", build_mlp_openvino),
     "mlp_pt2": ("model.pt2", build_mlp_pt2),
     "digits": ("model.pt", build_digits),
     "breast_cancer_xgb": ("xgboost.ubj", build_breast_cancer_xgb),

@@ -243,6 +243,7 @@ def test_keda_watches_every_example_model_queue_with_the_worker_group() -> None:
     assert {m for m, _, _ in _example_streams()} == {
         "mlp",
         "mlp_onnx",
+        "mlp_openvino",
         "mlp_pt2",
         "digits",
         "add_sub",
