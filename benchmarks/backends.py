@@ -1,11 +1,12 @@
-"""TorchScript, PyTorch 2 (.pt2, AOTInductor) and ONNX Runtime on the reference MLP, side by
-side in one run: the same weights as `mlp`, `mlp_pt2` and `mlp_onnx` of the example repository.
+"""TorchScript, PyTorch 2 (.pt2, AOTInductor), ONNX Runtime and OpenVINO on the reference MLP,
+side by side in one run: the same weights as `mlp`, `mlp_pt2`, `mlp_onnx` and `mlp_openvino` of
+the example repository.
 
 (a) Model-bound: each model loaded in this process by the worker's own backend
 (`sluice.workers.backends.load_instance`, as a worker loads it: one intra-op thread), called on
 batches of 1 and 64 rows in turns (one trial of each backend after another, so that the drift
-of a shared machine spreads over all three); rows per second, median of the trials.
-(b) Served: one `sluice serve` (embedded Redis, one worker) on a repository holding the three
+of a shared machine spreads over them all); rows per second, median of the trials.
+(b) Served: one `sluice serve` (embedded Redis, one worker) on a repository holding the
 models with their example configs (dynamic batching, delay 1000 µs, max_batch_size 64),
 driven by Triton's perf_analyzer (sync HTTP, batch 1) at c=1 and c=64, each round taking the
 models in another order; medians over the rounds, and the mean batch the worker ran (server
@@ -15,7 +16,8 @@ statistics). Without perf_analyzer, `sluice bench` drives it (HTTP, same levels)
 
 perf_analyzer as benchmarks/compare_triton.py finds it (PERF_ANALYZER and PA_LIBDIR, or the
 Triton anchor's under $ANCHORS). A model whose file is not built, or whose backend is not
-installed (`mlp_onnx` needs the [onnx] extra), is reported as skipped with the reason.
+installed (`mlp_onnx` needs the [onnx] extra, `mlp_openvino` the [openvino] one), is reported
+as skipped with the reason.
 """
 
 from __future__ import annotations
@@ -49,7 +51,12 @@ from sluice.workers.backends import load_instance  # noqa: E402
 from sluice.embedded_redis import EmbeddedRedis  # noqa: E402
 
 #: example model -> the backend it shows
-MODELS = {"mlp": "TorchScript", "mlp_pt2": "PyTorch 2 (.pt2)", "mlp_onnx": "ONNX Runtime"}
+MODELS = {
+    "mlp": "TorchScript",
+    "mlp_pt2": "PyTorch 2 (.pt2)",
+    "mlp_onnx": "ONNX Runtime",
+    "mlp_openvino": "OpenVINO",
+}
 BATCHES = (1, 64)
 LEVELS = (1, 64)
 #: 3 s windows, stable within 50 % over up to 8: a shared 2-core machine rarely settles to 10 %
