@@ -386,7 +386,7 @@ def test_worker_image_installs_the_worker_extra_with_its_torch_pin() -> None:
     assert torch_pin in text
     assert "pip install '.[worker," in text
     # every backend's extra, so that no example model is UNAVAILABLE in the image
-    for backend_extra in ("onnx", "fil"):
+    for backend_extra in ("onnx", "fil", "openvino"):
         assert backend_extra in extras
         assert f",{backend_extra}" in text.split("pip install '.[worker", 1)[1].split("]", 1)[0]
 
