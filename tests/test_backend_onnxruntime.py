@@ -18,7 +18,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 from sluice.shared.errors import ModelConfigError
-from sluice.shared.model_config import ModelSpec, load_model_config
+from sluice.shared.model_config import load_model_config
 from sluice.shared.repository import scan_repository
 from sluice.workers.backends import (
     BACKENDS,
@@ -28,6 +28,8 @@ from sluice.workers.backends import (
     load_instance,
 )
 from sluice.workers.backends.onnxruntime import session_options
+
+from tests.backend_models import load_error, model_instance, model_spec
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 RNG = np.random.default_rng(0)
@@ -111,21 +113,6 @@ def write_model(
     return model_dir
 
 
-def _spec(model_dir: Path) -> ModelSpec:
-    return load_model_config(model_dir, complete=complete_config)
-
-
-def _instance(model_dir: Path) -> Any:
-    spec = _spec(model_dir)
-    return load_instance(spec, model_dir, 1, choose_device(spec), 0)
-
-
-def _load_error(model_dir: Path) -> str:
-    with pytest.raises(ModelConfigError) as err:
-        _instance(model_dir)
-    return err.value.message
-
-
 def _ort_run(model_dir: Path, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     path = model_dir / "1" / "model.onnx"
     path = path / "model.onnx" if path.is_dir() else path
@@ -150,7 +137,7 @@ output [
 def test_a_config_without_tensors_is_completed_from_the_graph(tmp_path: Path) -> None:
     """Every tensor has a symbolic first dim: batching, max_batch_size 4, dynamic batching,
     dims without the batch dim, and a [batch] tensor as dims [1] reshaped to []."""
-    spec = _spec(write_model(tmp_path, "auto", linear_graph()))
+    spec = model_spec(write_model(tmp_path, "auto", linear_graph()))
     assert spec.max_batch_size == 4
     assert spec.batching.dynamic
     assert [(t.name, t.datatype, t.dims, t.reshape) for t in spec.inputs] == [
@@ -166,11 +153,11 @@ def test_a_config_without_tensors_is_completed_from_the_graph(tmp_path: Path) ->
 def test_auto_complete_keeps_the_configs_batching(tmp_path: Path) -> None:
     """A max_batch_size given stays; dynamic batching only when it is above 1; a scheduler
     given stays as it is."""
-    big = _spec(write_model(tmp_path, "big", linear_graph(), "max_batch_size: 16"))
+    big = model_spec(write_model(tmp_path, "big", linear_graph(), "max_batch_size: 16"))
     assert (big.max_batch_size, big.batching.dynamic) == (16, True)
-    one = _spec(write_model(tmp_path, "one", linear_graph(), "max_batch_size: 1"))
+    one = model_spec(write_model(tmp_path, "one", linear_graph(), "max_batch_size: 1"))
     assert (one.max_batch_size, one.batching.dynamic) == (1, False)
-    delayed = _spec(
+    delayed = model_spec(
         write_model(
             tmp_path,
             "delayed",
@@ -182,7 +169,7 @@ def test_auto_complete_keeps_the_configs_batching(tmp_path: Path) -> None:
 
 
 def test_a_graph_with_a_fixed_first_dim_does_not_batch(tmp_path: Path) -> None:
-    spec = _spec(write_model(tmp_path, "fixed", linear_graph(batch=2)))
+    spec = model_spec(write_model(tmp_path, "fixed", linear_graph(batch=2)))
     assert (spec.max_batch_size, spec.batching.dynamic) == (0, False)
     assert spec.inputs[0].dims == (2, 4)
     assert [t.dims for t in spec.outputs] == [(2, 3), (2,)]
@@ -199,12 +186,12 @@ def test_max_batch_size_on_a_graph_that_cannot_batch_is_triton_autofill_error(
         "max_batch_size is specified"
     )
     with pytest.raises(ModelConfigError):
-        _spec(model_dir)
+        model_spec(model_dir)
 
 
 def test_scalars_are_dims_one_without_batching(tmp_path: Path) -> None:
     model_dir = write_model(tmp_path, "scalar", scalar_graph())
-    spec = _spec(model_dir)
+    spec = model_spec(model_dir)
     assert spec.max_batch_size == 0
     assert [(t.dims, t.reshape) for t in (*spec.inputs, *spec.outputs)] == [((1,), None)] * 2
     infer = load_instance(spec, model_dir, 1, choose_device(spec), 0)
@@ -216,14 +203,14 @@ def test_only_what_the_config_leaves_out_is_completed(tmp_path: Path) -> None:
     """Outputs given, inputs left out: the inputs come from the graph, the outputs stay (a
     subset of the graph's)."""
     config = 'max_batch_size: 8\noutput [ { name: "y" data_type: TYPE_FP32 dims: [ 3 ] } ]'
-    spec = _spec(write_model(tmp_path, "half", linear_graph(), config))
+    spec = model_spec(write_model(tmp_path, "half", linear_graph(), config))
     assert [t.name for t in spec.inputs] == ["x"]
     assert [t.name for t in spec.outputs] == ["y"]
     assert spec.max_batch_size == 8
 
 
 def test_a_full_config_is_not_completed(tmp_path: Path) -> None:
-    spec = _spec(write_model(tmp_path, "full", linear_graph(), LINEAR_CONFIG))
+    spec = model_spec(write_model(tmp_path, "full", linear_graph(), LINEAR_CONFIG))
     assert (spec.max_batch_size, spec.batching.dynamic) == (8, False)
 
 
@@ -234,7 +221,7 @@ def test_platform_or_backend_select_it_and_a_directory_holds_the_model(tmp_path:
     (model_dir / "config.pbtxt").write_text('backend: "onnxruntime"\n')
     assert (model_dir / "1" / "model.onnx" / "weights.bin").is_file()
     x = RNG.standard_normal((3, 4)).astype(np.float32)
-    out = _instance(model_dir)({"x": torch.from_numpy(x)})
+    out = model_instance(model_dir)({"x": torch.from_numpy(x)})
     expected = _ort_run(model_dir, {"x": x})
     np.testing.assert_array_equal(out["y"], expected["y"])
 
@@ -245,7 +232,7 @@ def test_platform_or_backend_select_it_and_a_directory_holds_the_model(tmp_path:
 def test_results_equal_onnxruntimes_own_run(tmp_path: Path) -> None:
     model_dir = write_model(tmp_path, "linear", linear_graph(), LINEAR_CONFIG)
     x = RNG.standard_normal((5, 4)).astype(np.float32)
-    out = _instance(model_dir)({"x": torch.from_numpy(x)})
+    out = model_instance(model_dir)({"x": torch.from_numpy(x)})
     expected = _ort_run(model_dir, {"x": x})
     np.testing.assert_array_equal(out["y"], expected["y"])
     np.testing.assert_array_equal(out["label"], expected["label"])
@@ -257,14 +244,14 @@ def test_only_the_configs_outputs_are_computed(tmp_path: Path) -> None:
         'max_batch_size: 8\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
         'output [ { name: "label" data_type: TYPE_INT64 dims: [ 1 ] reshape { shape: [] } } ]'
     )
-    infer = _instance(write_model(tmp_path, "subset", linear_graph(), config))
+    infer = model_instance(write_model(tmp_path, "subset", linear_graph(), config))
     out = infer({"x": torch.zeros(2, 4)})
     assert set(out) == {"label"}
 
 
 def test_strings_in_and_out(tmp_path: Path) -> None:
     """BYTES inputs (numpy object arrays of bytes) reach the graph as strings."""
-    infer = _instance(write_model(tmp_path, "strings", strings_graph()))
+    infer = model_instance(write_model(tmp_path, "strings", strings_graph()))
     text = np.array([b"hello", "wörld".encode()], dtype=object)
     out = infer({"text": text})
     assert out["echo"].tolist() == ["hello", "wörld"]
@@ -279,7 +266,7 @@ def test_inputs_reach_onnxruntime_as_views_of_the_stacked_tensors(tmp_path: Path
         fed.extend(feed.values())
         return original(self, names, feed, *args)
 
-    infer = _instance(write_model(tmp_path, "linear", linear_graph(), LINEAR_CONFIG))
+    infer = model_instance(write_model(tmp_path, "linear", linear_graph(), LINEAR_CONFIG))
     x = torch.ones(2, 4)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(ort.InferenceSession, "run", spy)
@@ -333,24 +320,24 @@ def test_a_config_the_graph_contradicts_gets_tritons_message(
 ) -> None:
     config = LINEAR_CONFIG.replace(old, new)
     assert config != LINEAR_CONFIG
-    assert _load_error(write_model(tmp_path, "linear", linear_graph(), config)) == message
+    assert load_error(write_model(tmp_path, "linear", linear_graph(), config)) == message
 
 
 def test_a_shape_mismatch(tmp_path: Path) -> None:
     config = LINEAR_CONFIG.replace("dims: [ 4 ]", "dims: [ 5 ]")
-    message = _load_error(write_model(tmp_path, "linear", linear_graph(), config))
+    message = load_error(write_model(tmp_path, "linear", linear_graph(), config))
     assert "tensor 'x'" in message and "[4]" in message and "[5]" in message
 
 
 def test_batching_a_graph_whose_first_dim_is_fixed(tmp_path: Path) -> None:
-    message = _load_error(write_model(tmp_path, "fixed", linear_graph(batch=2), LINEAR_CONFIG))
+    message = load_error(write_model(tmp_path, "fixed", linear_graph(batch=2), LINEAR_CONFIG))
     assert "the first dimension must be -1" in message
 
 
 def test_a_file_that_is_not_onnx(tmp_path: Path) -> None:
     model_dir = write_model(tmp_path, "junk", linear_graph(), LINEAR_CONFIG)
     (model_dir / "1" / "model.onnx").write_bytes(b"not a model")
-    assert "cannot load ONNX model" in _load_error(model_dir)
+    assert "cannot load ONNX model" in load_error(model_dir)
 
 
 # -- session parameters ----------------------------------------------------------------------
@@ -369,12 +356,12 @@ def test_tritons_session_parameters_are_applied(tmp_path: Path) -> None:
     )
     text += "optimization { graph { level: 2 } }"
     model_dir = write_model(tmp_path, "tuned", linear_graph(), LINEAR_CONFIG + text)
-    options = session_options(_spec(model_dir), model_dir)
+    options = session_options(model_spec(model_dir), model_dir)
     assert (options.intra_op_num_threads, options.inter_op_num_threads) == (3, 2)
     assert options.execution_mode == ort.ExecutionMode.ORT_PARALLEL
     assert (options.enable_cpu_mem_arena, options.enable_mem_pattern) == (False, False)
     assert options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    assert _instance(model_dir)({"x": torch.zeros(1, 4)})["y"].shape == (1, 3)
+    assert model_instance(model_dir)({"x": torch.zeros(1, 4)})["y"].shape == (1, 3)
 
 
 @pytest.mark.parametrize(
@@ -386,7 +373,7 @@ def test_tritons_session_parameters_are_applied(tmp_path: Path) -> None:
     ],
 )
 def test_a_bad_parameter_is_named(tmp_path: Path, extra: str, field: str) -> None:
-    message = _load_error(write_model(tmp_path, "bad", linear_graph(), LINEAR_CONFIG + extra))
+    message = load_error(write_model(tmp_path, "bad", linear_graph(), LINEAR_CONFIG + extra))
     assert field in message
 
 
@@ -426,7 +413,7 @@ def test_a_missing_package_makes_the_model_unavailable_naming_the_extra(
 
 def test_onnx_inputs_are_stacked_on_the_host(tmp_path: Path) -> None:
     """The CUDA provider copies the inputs itself, so the worker stacks them in host memory."""
-    spec = _spec(
+    spec = model_spec(
         write_model(tmp_path, "gpu", linear_graph(), "instance_group [ { kind: KIND_GPU } ]")
     )
     assert choose_device(spec) == torch.device("cpu")
@@ -451,7 +438,7 @@ def test_a_model_exported_by_torch_onnx_serves_as_torch_computes(tmp_path: Path)
             dynamo=False,
         )
     (tmp_path / "exported" / "config.pbtxt").write_text('backend: "onnxruntime"\n')
-    spec = _spec(tmp_path / "exported")
+    spec = model_spec(tmp_path / "exported")
     assert (spec.max_batch_size, spec.inputs[0].dims, spec.outputs[0].dims) == (4, (6,), (2,))
     x = torch.randn(3, 6)
     out = load_instance(spec, tmp_path / "exported", 1, choose_device(spec), 0)({"features": x})
@@ -468,6 +455,6 @@ def test_the_example_mlp_onnx_is_the_reference_mlp(tmp_path: Path) -> None:
     shutil.copy(EXAMPLES / "model_repository" / "mlp_onnx" / "config.pbtxt", model_dir)
     builders["build_mlp_onnx"](model_dir / "1")
     x = torch.randn(3, 512)
-    out = _instance(model_dir)({"INPUT__0": x})["OUTPUT__0"]
+    out = model_instance(model_dir)({"INPUT__0": x})["OUTPUT__0"]
     with torch.no_grad():
         np.testing.assert_allclose(out, builders["reference_mlp"]()(x).numpy(), atol=1e-5)

@@ -14,8 +14,8 @@ import onnxruntime as ort
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from tritonclient.utils import np_to_triton_dtype
 
+from tests.backend_models import http_inputs, run_counts
 from tests.conftest import HERE, Service, serving_alone, start_service, stop_service
 from tests.test_backend_onnxruntime import (
     LINEAR_CONFIG,
@@ -57,16 +57,6 @@ def client(service: Service) -> Iterator[httpclient.InferenceServerClient]:
         yield client
 
 
-def _inputs(**arrays: np.ndarray) -> list[httpclient.InferInput]:
-    """Binary HTTP inputs named as the keywords, typed after the arrays."""
-    inputs = []
-    for name, array in arrays.items():
-        tensor = httpclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-        tensor.set_data_from_numpy(array, binary_data=True)
-        inputs.append(tensor)
-    return inputs
-
-
 def _ort_run(repo: Path, model: str, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     path = repo / model / "1" / "model.onnx"
     path = path / "model.onnx" if path.is_dir() else path
@@ -95,7 +85,7 @@ def test_a_config_without_tensors_is_served_completed(
         ("label", [-1, 1]),
     ]
     x = np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32)
-    result = client.infer("bare", _inputs(x=x))
+    result = client.infer("bare", http_inputs(x=x))
     expected = _ort_run(repo, "bare", {"x": x})
     np.testing.assert_array_equal(result.as_numpy("y"), expected["y"])
     np.testing.assert_array_equal(result.as_numpy("label"), expected["label"].reshape(3, 1))
@@ -107,16 +97,16 @@ def test_concurrent_requests_run_as_one_batch(
     """Eight requests sent together are stacked into batches (fewer runs than requests), and
     each gets exactly its own rows of onnxruntime's answer."""
     rows = np.random.default_rng(2).standard_normal((8, 1, 4)).astype(np.float32)
-    before = client.get_inference_statistics("batched")["model_stats"][0]
-    pending = [client.async_infer("batched", _inputs(x=x)) for x in rows]
+    before = run_counts(client, "batched")
+    pending = [client.async_infer("batched", http_inputs(x=x)) for x in rows]
     results = [p.get_result() for p in pending]
     expected = _ort_run(repo, "batched", {"x": rows.reshape(8, 4)})
     for i, result in enumerate(results):
         np.testing.assert_array_equal(result.as_numpy("y"), expected["y"][i : i + 1])
         assert result.as_numpy("label").tolist() == [[expected["label"][i]]]
-    after = client.get_inference_statistics("batched")["model_stats"][0]
-    inferences = int(after["inference_count"]) - int(before.get("inference_count", 0))
-    executions = int(after["execution_count"]) - int(before.get("execution_count", 0))
+    inferences, executions = (
+        n - m for n, m in zip(run_counts(client, "batched"), before, strict=True)
+    )
     assert inferences == 8
     assert executions < inferences
 
@@ -127,7 +117,7 @@ def test_requests_of_several_rows_and_two_inputs(
     """A model in a `model.onnx` directory, two inputs, requests of 1 to 3 rows at once."""
     rng = np.random.default_rng(3)
     cases = [rng.standard_normal((2, n, 2)).astype(np.float32) for n in (1, 2, 3)]
-    pending = [client.async_infer("add_sub", _inputs(a=a, b=b)) for a, b in cases]
+    pending = [client.async_infer("add_sub", http_inputs(a=a, b=b)) for a, b in cases]
     for (a, b), request in zip(cases, pending, strict=True):
         result = request.get_result()
         np.testing.assert_array_equal(result.as_numpy("sum"), a + b)
@@ -136,7 +126,7 @@ def test_requests_of_several_rows_and_two_inputs(
 
 def test_strings_round_trip(client: httpclient.InferenceServerClient) -> None:
     text = np.array([[b"hello"], ["wörld".encode()]], dtype=np.object_)
-    result = client.infer("strings", _inputs(text=text))
+    result = client.infer("strings", http_inputs(text=text))
     assert result.as_numpy("echo").tolist() == [[b"hello"], ["wörld".encode()]]
 
 
@@ -182,7 +172,9 @@ def test_without_onnxruntime_onnx_models_are_unavailable_naming_the_extra(
         with httpclient.InferenceServerClient(svc.http_url) as client:
             index = {m["name"]: m for m in client.get_model_repository_index()}
             ones = np.ones((1, 4), np.float32)
-            summed = client.infer("add_sub", _inputs(INPUT0=ones, INPUT1=ones)).as_numpy("OUTPUT0")
+            summed = client.infer("add_sub", http_inputs(INPUT0=ones, INPUT1=ones)).as_numpy(
+                "OUTPUT0"
+            )
     finally:
         stop_service(svc)
     assert summed.tolist() == [[2.0] * 4]

@@ -1,0 +1,49 @@
+"""What the backend tests share: a model directory loaded as the worker loads it (config
+auto-completed, then one instance), the error a bad one fails with, and binary HTTP inputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from sluice.shared.errors import ModelConfigError
+from sluice.shared.model_config import ModelSpec, load_model_config
+from sluice.workers.backends import choose_device, complete_config, load_instance
+from tritonclient.utils import np_to_triton_dtype
+
+
+def model_spec(model_dir: Path) -> ModelSpec:
+    return load_model_config(model_dir, complete=complete_config)
+
+
+def model_instance(model_dir: Path) -> Any:
+    """Version 1's first instance, on the device the worker would pick."""
+    spec = model_spec(model_dir)
+    return load_instance(spec, model_dir, 1, choose_device(spec), 0)
+
+
+def load_error(model_dir: Path) -> str:
+    """The message of the ModelConfigError that loading the model fails with."""
+    with pytest.raises(ModelConfigError) as err:
+        model_instance(model_dir)
+    return err.value.message
+
+
+def http_inputs(**arrays: np.ndarray) -> list[httpclient.InferInput]:
+    """Binary HTTP inputs named as the keywords, typed after the arrays."""
+    inputs = []
+    for name, array in arrays.items():
+        tensor = httpclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+        tensor.set_data_from_numpy(array, binary_data=True)
+        inputs.append(tensor)
+    return inputs
+
+
+def run_counts(client: httpclient.InferenceServerClient, model: str) -> tuple[int, int]:
+    """The model's inference and execution counts so far (Triton's statistics): fewer
+    executions than inferences mean requests ran batched."""
+    stats = client.get_inference_statistics(model)["model_stats"][0]
+    return int(stats.get("inference_count", 0)), int(stats.get("execution_count", 0))
