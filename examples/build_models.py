@@ -17,6 +17,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 import xgboost
 from sklearn.datasets import load_breast_cancer, load_digits
@@ -114,6 +115,31 @@ def build_mlp_pt2(version_dir: Path) -> None:
     partial.replace(path)
 
 
+def build_mlp_tf(version_dir: Path) -> None:
+    """The reference MLP, same weights, as a Keras SavedModel: its serving signature takes
+    `INPUT__0` [batch, 512] and answers `OUTPUT__0`, equal to the TorchScript MLP's answer."""
+    import keras  # imported here: TensorFlow takes seconds to import, the other builds skip it
+
+    layers = [m for m in reference_mlp() if isinstance(m, nn.Linear)]
+    x = keras.Input(shape=(512,), name="INPUT__0")
+    y = x
+    for i, layer in enumerate(layers):
+        dense = keras.layers.Dense(layer.out_features, activation=None if i == 2 else "relu")
+        y = dense(y)
+        dense.set_weights([layer.weight.detach().numpy().T, layer.bias.detach().numpy()])
+    model = keras.Model(x, {"OUTPUT__0": y})
+    rows = torch.randn(8, 512, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = reference_mlp()(rows).numpy()
+    np.testing.assert_allclose(model(rows.numpy())["OUTPUT__0"], expected, atol=1e-5)
+    path = version_dir / "model.savedmodel"
+    partial = path.with_suffix(".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    model.export(str(partial), verbose=False)
+    shutil.rmtree(path, ignore_errors=True)  # --force: the directory cannot be replaced whole
+    partial.replace(path)
+
+
 def build_digits(version_dir: Path) -> None:
     """A small CNN on scikit-learn's bundled 8x8 digits; input [N,1,8,8] in 0..1, 10 logits."""
     torch.manual_seed(0)
@@ -172,6 +198,7 @@ BUILDERS: dict[str, tuple[str, Callable[[Path], None]]] = {
     "mlp_onnx": ("model.onnx", build_mlp_onnx),
     "mlp_openvino": ("model.xml", build_mlp_openvino),
     "mlp_pt2": ("model.pt2", build_mlp_pt2),
+    "mlp_tf": ("model.savedmodel", build_mlp_tf),
     "digits": ("model.pt", build_digits),
     "breast_cancer_xgb": ("xgboost.ubj", build_breast_cancer_xgb),
 }

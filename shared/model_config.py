@@ -53,6 +53,7 @@ BACKEND_RULES = (
     BackendRule("python", "python", (), "model.py"),
     BackendRule("onnxruntime", "onnxruntime", ("onnxruntime_onnx",), "model.onnx"),
     BackendRule("fil", "fil", (), "xgboost.model"),
+    BackendRule("tensorflow", "tensorflow", ("tensorflow_savedmodel",), "model.savedmodel"),
     BackendRule("openvino", "openvino", (), "model.xml"),
     BackendRule("tensorrt", "tensorrt", ("tensorrt_plan",), "model.plan"),
     BackendRule("ensemble", "", ("ensemble",), ""),

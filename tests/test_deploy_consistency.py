@@ -245,6 +245,7 @@ def test_keda_watches_every_example_model_queue_with_the_worker_group() -> None:
         "mlp_onnx",
         "mlp_openvino",
         "mlp_pt2",
+        "mlp_tf",
         "digits",
         "add_sub",
         "digits_pre",

@@ -61,6 +61,7 @@ BACKENDS: dict[str, Backend] = {
     "onnxruntime": Backend("onnxruntime", ("onnxruntime",), "onnx", host_inputs=True),
     "torch_aoti": Backend("torch_aoti"),
     "fil": Backend("fil", ("treelite",), "fil", host_inputs=True),
+    "tensorflow": Backend("tensorflow", ("tensorflow",), "tensorflow", host_inputs=True),
     "openvino": Backend("openvino", ("openvino",), "openvino", host_inputs=True),
     "tensorrt": Backend("tensorrt", ("tensorrt",), "tensorrt", needs_cuda=True),
 }
