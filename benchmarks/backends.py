@@ -1,6 +1,6 @@
-"""TorchScript, PyTorch 2 (.pt2, AOTInductor), ONNX Runtime and OpenVINO on the reference MLP,
-side by side in one run: the same weights as `mlp`, `mlp_pt2`, `mlp_onnx` and `mlp_openvino` of
-the example repository.
+"""TorchScript, PyTorch 2 (.pt2, AOTInductor), ONNX Runtime, OpenVINO and TensorFlow on the
+reference MLP, side by side in one run: the same weights as `mlp`, `mlp_pt2`, `mlp_onnx`,
+`mlp_openvino` and `mlp_tf` of the example repository.
 
 (a) Model-bound: each model loaded in this process by the worker's own backend
 (`sluice.workers.backends.load_instance`, as a worker loads it: one intra-op thread), called on
@@ -16,8 +16,8 @@ statistics). Without perf_analyzer, `sluice bench` drives it (HTTP, same levels)
 
 perf_analyzer as benchmarks/compare_triton.py finds it (PERF_ANALYZER and PA_LIBDIR, or the
 Triton anchor's under $ANCHORS). A model whose file is not built, or whose backend is not
-installed (`mlp_onnx` needs the [onnx] extra, `mlp_openvino` the [openvino] one), is reported
-as skipped with the reason.
+installed (`mlp_onnx` needs the [onnx] extra, `mlp_openvino` the [openvino] one, `mlp_tf` the
+[tensorflow] one), is reported as skipped with the reason.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ MODELS = {
     "mlp_pt2": "PyTorch 2 (.pt2)",
     "mlp_onnx": "ONNX Runtime",
     "mlp_openvino": "OpenVINO",
+    "mlp_tf": "TensorFlow",
 }
 BATCHES = (1, 64)
 LEVELS = (1, 64)
