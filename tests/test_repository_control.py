@@ -9,7 +9,7 @@ import json
 import shutil
 import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -270,15 +270,32 @@ def _stream_length(redis_url: str, model: str) -> int:
         client.close()
 
 
+def _done(futures: list[Future[Any]]) -> int:
+    return sum(f.done() for f in futures)
+
+
+BATCH8_SLOW = {
+    "name": "batch8",
+    "backend": "python",
+    "max_batch_size": 8,
+    "input": [{"name": "IN", "data_type": "TYPE_FP32", "dims": [4]}],
+    "output": [{"name": "OUT", "data_type": "TYPE_FP32", "dims": [4]}],
+    "dynamic_batching": {"max_queue_delay_microseconds": 5_000_000},
+}
+
+
 def test_unload_finishes_the_requests_already_queued(explicit: Service) -> None:
-    """batch8 waits up to 1 s for a full batch of 8: the four requests sent before the unload
-    are still queued when it comes, and are answered."""
+    """batch8, loaded here to wait up to 5 s for a full batch of 8: the four requests sent
+    before the unload are still queued when it comes, and are answered."""
     with _client(explicit) as client:
-        client.load_model("batch8")
+        client.load_model("batch8", config=json.dumps(BATCH8_SLOW))
         wait_until(lambda: len(_serves(explicit.redis_url, "batch8")) == 2, "both workers")
         with ThreadPoolExecutor(4) as pool:
             futures = [pool.submit(_infer, explicit, "batch8", "IN", i) for i in range(4)]
-            wait_until(lambda: _stream_length(explicit.redis_url, "batch8") >= 1, "queued")
+            wait_until(  # each queued or (if a reload's old queue ran it) answered
+                lambda: _stream_length(explicit.redis_url, "batch8") + _done(futures) == 4,
+                "all queued",
+            )
             client.unload_model("batch8")
             answers = [f.result() for f in futures]
         assert _infer(explicit, "batch8", "IN", 9.0)[0] == 400  # new ones are refused
@@ -332,15 +349,17 @@ def test_a_config_override_under_load_changes_batching_and_loses_nothing(
 
     with ThreadPoolExecutor(8) as pool:
         loops = [pool.submit(client_loop, i) for i in range(8)]
-        wait_until(lambda: len(answers) >= 40, "traffic before the reload")
-        assert max(_batch_counts(explicit)) > 3  # 8 clients batch together under max 64
-        with _client(explicit) as client:
-            client.load_model("affine", config=json.dumps(AFFINE_OVERRIDE))
-        wait_until(lambda: _old_queues_retired(explicit.redis_url), "the old queues retired")
-        settled = _batch_counts(explicit)  # every batch of the old queues is counted by now
-        seen = len(answers)
-        wait_until(lambda: len(answers) >= seen + 120, "traffic under the new config")
-        stop.set()
+        try:
+            # 8 clients batch together under max 64 (on a loaded machine, not at once)
+            wait_until(lambda: max(_batch_counts(explicit)) > 3, "batches of more than 3")
+            with _client(explicit) as client:
+                client.load_model("affine", config=json.dumps(AFFINE_OVERRIDE))
+            wait_until(lambda: _old_queues_retired(explicit.redis_url), "the old queues retired")
+            settled = _batch_counts(explicit)  # every batch of the old queues is counted by now
+            seen = len(answers)
+            wait_until(lambda: len(answers) >= seen + 120, "traffic under the new config")
+        finally:
+            stop.set()
         for loop in loops:
             loop.result()
     rows = [row for row, _ in answers]
