@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -23,7 +23,14 @@ from sluice.gateway.outage import RETRY_AFTER_S
 from sluice.shared import keys
 from sluice.shared.bulk import BulkStatus
 from sluice.shared.ensemble import is_ensemble
-from sluice.shared.errors import InvalidInput, ModelNotReady, Unavailable, error_from_code
+from sluice.shared.errors import (
+    InvalidInput,
+    ModelNotReady,
+    SluiceError,
+    Unavailable,
+    Unsupported,
+    error_from_code,
+)
 from sluice.shared.fleet import fleet_status
 from sluice.shared.infer_codec import ParsedInfer, decompress, parse_infer
 from sluice.shared.protocol import Request, Result, Tensor
@@ -31,11 +38,14 @@ from sluice.shared.queue_policy import DEADLINE, PRIORITY, TIMEOUT, deadline_us
 from sluice.shared.redis_client import REDIS_ERRORS
 from sluice.shared.repository_control import NOT_EXPLICIT, declare
 from sluice.shared.signature import Signature, validate_inputs
+from sluice.shared.transaction_policy import is_decoupled
 
 #: request parameters the workers act on.
 FORWARDED_PARAMETERS = (PRIORITY, TIMEOUT, DEADLINE)
+#: a streamed request's parameter: send a decoupled model's flag-only final response too.
+EMPTY_FINAL_RESPONSE = "triton_enable_empty_final_response"
 #: request parameters that only shape this gateway's answer, never a model's to see.
-GATEWAY_PARAMETERS = frozenset({"binary_data_output"})
+GATEWAY_PARAMETERS = frozenset({"binary_data_output", EMPTY_FINAL_RESPONSE})
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,9 +245,16 @@ class GatewayCore:
         version: str | None,
         infer: InferInput,
         client_gone: asyncio.Future[None] | None = None,
+        endpoint: str = "HTTP end point",
     ) -> InferOutcome:
-        """Queue the request and wait for its result; `client_gone` resolving cancels it."""
+        """Queue the request and wait for its result; `client_gone` resolving cancels it.
+        A decoupled model is refused, as Triton refuses it on `endpoint`: its responses
+        need a stream (`stream`)."""
         view = await self.view(model, version)
+        if is_decoupled(view.config):
+            raise Unsupported(
+                f"{endpoint} doesn't support models with decoupled transaction policy"
+            )
         prepared = self.prepare(view, version, infer)
         params = prepared.parameters
         deadline_s = deadline_us(params) / 1e6
@@ -249,15 +266,7 @@ class GatewayCore:
                 view, prepared.version, parsed, params, timeout_s, timeout_message, client_gone
             )
             return outcome(view.name, prepared.version, parsed, result)
-        request = Request(
-            self.dispatcher.new_request_id(),
-            prepared.version,
-            time.time_ns(),
-            self.dispatcher.reply_stream,
-            parsed.inputs,
-            tuple(parsed.outputs) if parsed.outputs else None,
-            params,
-        )
+        request = self._request(prepared)
 
         def cancel(_: object) -> None:
             self.dispatcher.cancel(view.name, request.id)
@@ -272,6 +281,65 @@ class GatewayCore:
             if client_gone is not None:
                 client_gone.remove_done_callback(cancel)
         return outcome(view.name, prepared.version, parsed, result)
+
+    async def stream(
+        self,
+        model: str,
+        version: str | None,
+        infer: InferInput,
+        client_gone: asyncio.Future[None] | None = None,
+    ) -> AsyncIterator[StreamedResponse]:
+        """Check and queue the request (what fails here raises at once), then its responses
+        in order: a decoupled model's zero or more, any other model's one. `client_gone`
+        resolving, or the caller leaving the iteration early, cancels the request."""
+        view = await self.view(model, version)
+        prepared = self.prepare(view, version, infer)
+        params = prepared.parameters
+        deadline_s = deadline_us(params) / 1e6
+        timeout_s = min(self.limits.request_timeout_s, deadline_s or self.limits.request_timeout_s)
+        timeout_message = "Request deadline exceeded" if deadline_s else "Request timeout expired"
+        parsed = prepared.request
+        if is_ensemble(view.config):
+            result = await self.ensembles.infer(
+                view, prepared.version, parsed, params, timeout_s, timeout_message, client_gone
+            )
+            return _one_response(streamed(view.name, prepared.version, parsed, result))
+        request = self._request(prepared)
+        results = self.dispatcher.stream(prepared.route, request, timeout_s, timeout_message)
+        return self._responses(view.name, prepared, request, results, client_gone)
+
+    async def _responses(
+        self,
+        model: str,
+        prepared: Prepared,
+        request: Request,
+        results: AsyncGenerator[Result, None],
+        client_gone: asyncio.Future[None] | None,
+    ) -> AsyncIterator[StreamedResponse]:
+        def cancel(_: object) -> None:
+            self.dispatcher.cancel(model, request.id)
+
+        if client_gone is not None:
+            client_gone.add_done_callback(cancel)
+        try:
+            async for result in results:
+                yield streamed(model, prepared.version, prepared.request, result)
+        finally:
+            if client_gone is not None:
+                client_gone.remove_done_callback(cancel)
+            await results.aclose()
+
+    def _request(self, prepared: Prepared) -> Request:
+        parsed = prepared.request
+        return Request(
+            self.dispatcher.new_request_id(),
+            prepared.version,
+            time.time_ns(),
+            self.dispatcher.reply_stream,
+            parsed.inputs,
+            tuple(parsed.outputs) if parsed.outputs else None,
+            prepared.parameters,
+        )
 
     def prepare(self, view: ModelView, version_text: str | None, infer: InferInput) -> Prepared:
         """Decode and check an infer request; what fails here is counted as a failure."""
@@ -305,6 +373,29 @@ class GatewayCore:
         coro = self.dispatcher.redis.hincrby(keys.GATEWAY_STATS, f"{model}:{version}:{reason}", 1)
         task = asyncio.ensure_future(coro)
         task.add_done_callback(lambda t: t.exception())
+
+
+@dataclass(slots=True)
+class StreamedResponse:
+    """One response of a streamed request: its outputs, or its error, and whether it is the
+    request's last. `empty`: a decoupled model's flag-only final response."""
+
+    outcome: InferOutcome
+    error: SluiceError | None
+    final: bool
+    empty: bool = False
+
+
+def streamed(model: str, version: int, request: ParsedInfer, result: Result) -> StreamedResponse:
+    """A worker's result (a streamed response, or an ordinary one) as a StreamedResponse."""
+    error = None if result.error is None else error_from_code(*result.error)
+    empty = result.seq is not None and not result.outputs and error is None
+    done = InferOutcome(model, version, request, result.outputs)
+    return StreamedResponse(done, error, result.final, empty)
+
+
+async def _one_response(response: StreamedResponse) -> AsyncIterator[StreamedResponse]:
+    yield response
 
 
 def _forwarded(view: ModelView, parameters: dict[str, Any]) -> dict[str, Any]:

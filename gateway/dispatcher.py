@@ -17,12 +17,13 @@ import itertools
 import logging
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
 from sluice.gateway.outage import RETRY_AFTER_S, HeldRequests, OutagePolicy
+from sluice.gateway.response_order import ResponseOrder
 from sluice.shared import keys
 from sluice.shared.admission import ENQUEUE
 from sluice.shared.errors import Cancelled, Unavailable
@@ -81,6 +82,8 @@ class Dispatcher:
         self._reads = Wire(reader, self._check_server)
         self.reply_stream = keys.reply_stream(gateway_id)
         self.waiting: dict[str, asyncio.Future[Result]] = {}
+        #: streamed requests (see `stream`): their responses so far, put in order.
+        self.streams: dict[str, ResponseOrder] = {}
         #: what each waiting request was sent as, to send it again after a Redis restart.
         self._sent: dict[str, tuple[Route, Request]] = {}
         self._held: HeldRequests[Route] = HeldRequests(outage or OutagePolicy())
@@ -141,7 +144,22 @@ class Dispatcher:
         self, route: Route, request: Request, timeout_s: float, timeout_message: str
     ) -> Result:
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Result] = loop.create_future()
+        future = self._queue(route, request)
+        slot = f"{route.model}:{request.version}"
+        self.inflight[slot] += 1
+        # a bare timer instead of asyncio.wait_for: same effect, a fraction of the cost
+        timer = loop.call_later(timeout_s, self._time_out, future, timeout_message)
+        try:
+            return await future
+        finally:
+            timer.cancel()
+            self.waiting.pop(request.id, None)
+            self._sent.pop(request.id, None)
+            self.inflight[slot] -= 1
+
+    def _queue(self, route: Route, request: Request) -> asyncio.Future[Result]:
+        """Put `request` in the outbox; the future its one answer resolves."""
+        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         self.waiting[request.id] = future
         self._sent[request.id] = (route, request)
         self._outbox[route].append(request)
@@ -151,14 +169,47 @@ class Dispatcher:
             task = asyncio.create_task(self._flush())
             self._sending.add(task)
             task.add_done_callback(self._sending.discard)
+        return future
+
+    async def stream(
+        self,
+        route: Route,
+        request: Request,
+        timeout_s: float,
+        timeout_message: str = "Request timeout expired",
+    ) -> AsyncGenerator[Result, None]:
+        """Queue `request` and yield its responses in order, each once, until the final one
+        (a decoupled model's zero or more; an ordinary model's one answer). `timeout_s` bounds
+        the wait for each response. Leaving before the final response cancels the request."""
+        loop = asyncio.get_running_loop()
+        order = self.streams[request.id] = ResponseOrder()
+        future = self._queue(route, request)
+        future.add_done_callback(lambda _: order.wake.set())
         slot = f"{route.model}:{request.version}"
         self.inflight[slot] += 1
-        # a bare timer instead of asyncio.wait_for: same effect, a fraction of the cost
-        timer = loop.call_later(timeout_s, self._time_out, future, timeout_message)
+        ended = False
         try:
-            return await future
+            while True:
+                timer = loop.call_later(timeout_s, self._time_out, future, timeout_message)
+                try:
+                    await order.wake.wait()
+                finally:
+                    timer.cancel()
+                order.wake.clear()
+                while order.ready:
+                    response = order.ready.popleft()
+                    ended = response.final
+                    yield response
+                    if ended:
+                        return
+                if future.done():  # answered at once (refused, expired), failed, or cancelled
+                    ended = True
+                    yield future.result()
+                    return
         finally:
-            timer.cancel()
+            if not ended:  # its consumer left, or it timed out or failed here
+                self._tell_workers(route.model, request.id)
+            self.streams.pop(request.id, None)
             self.waiting.pop(request.id, None)
             self._sent.pop(request.id, None)
             self.inflight[slot] -= 1
@@ -182,6 +233,11 @@ class Dispatcher:
         if future is None or future.done():
             return
         future.set_exception(Cancelled("Request was cancelled: the client disconnected"))
+        self._tell_workers(model, request_id)
+
+    def _tell_workers(self, model: str, request_id: str) -> None:
+        """Publish the cancellation: the worker drops it if queued, tells its model if it
+        streams."""
         task = asyncio.ensure_future(self.redis.publish(keys.cancel_channel(model), request_id))
         task.add_done_callback(_ignore_failure)
 
@@ -397,9 +453,14 @@ class Dispatcher:
 
     def _resolve(self, fields: dict[bytes, bytes]) -> None:
         try:
-            settle_results(fields, self.waiting)
+            settle_results(fields, self.waiting, self._streamed)
         except ProtocolError as exc:
             log.error("undecodable reply entry: %s", exc)
+
+    def _streamed(self, result: Result) -> None:
+        order = self.streams.get(result.id)
+        if order is not None:
+            order.receive(result)
 
     def inflight_snapshot(self) -> dict[str, int]:
         return {slot: n for slot, n in self.inflight.items() if n}

@@ -16,7 +16,7 @@ from typing import Any, NoReturn, TypeVar
 
 import grpc
 from google.protobuf.json_format import ParseDict, ParseError
-from sluice.gateway.core import GatewayCore, InferOutcome
+from sluice.gateway.core import EMPTY_FINAL_RESPONSE, GatewayCore, InferOutcome, StreamedResponse
 from sluice.gateway.grpc_codec import GrpcInfer, infer_response, parameter_values
 from sluice.shared.errors import (
     InvalidInput,
@@ -34,6 +34,8 @@ from tritonclient.grpc import service_pb2_grpc
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+#: the parameter of every streamed response: whether it is its request's last.
+FINAL_RESPONSE = "triton_final_response"
 Status = grpc.StatusCode
 
 #: a typed error's `code` (shared/errors.py, Triton's names) -> its gRPC status.
@@ -233,7 +235,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         loop = asyncio.get_running_loop()
         gone: asyncio.Future[None] = loop.create_future()
         infer = self.core.infer(
-            request.model_name, _version(request.model_version), GrpcInfer(request), gone
+            request.model_name,
+            _version(request.model_version),
+            GrpcInfer(request),
+            gone,
+            "ModelInfer RPC",
         )
         task = loop.create_task(infer)
         try:
@@ -245,8 +251,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             raise
 
     async def ModelStreamInfer(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
-        """One response per request, each sent as soon as it is done (the request id says
-        which); a failed request answers in-band with `error_message`, and the stream goes on."""
+        """Every response of every request, each sent as soon as it is done (the request id
+        says which; a decoupled model's in its order); a failure answers in-band with
+        `error_message`, and the stream goes on."""
         try:
             self._authorize(context)
         except SluiceError as exc:
@@ -284,10 +291,18 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     async def _stream_one(
         self, request: Any, gone: asyncio.Future[None], responses: asyncio.Queue[Any]
     ) -> None:
+        """Every response of one request, in order, each with `triton_final_response`; a
+        decoupled model's flag-only final one only if the request asked for it with
+        `triton_enable_empty_final_response`. An error answers in-band."""
+        empty_final = parameter_values(request.parameters).get(EMPTY_FINAL_RESPONSE) is True
         try:
-            outcome = await self.core.infer(
+            answers = await self.core.stream(
                 request.model_name, _version(request.model_version), GrpcInfer(request), gone
             )
+            async for answer in answers:
+                if answer.empty and not empty_final:
+                    continue
+                responses.put_nowait(_streamed_response(request, answer))
         except Exception as exc:
             _, message = grpc_status(exc)
             failed = pb.ModelInferResponse(
@@ -296,8 +311,6 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             responses.put_nowait(
                 pb.ModelStreamInferResponse(error_message=message, infer_response=failed)
             )
-            return
-        responses.put_nowait(pb.ModelStreamInferResponse(infer_response=infer_response(outcome)))
 
     # -- extensions sluice does not serve ----------------------------------------------------
 
@@ -325,6 +338,20 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     async def LogSettings(self, request: Any, context: Any) -> Any:
         await context.abort(Status.UNAVAILABLE, "the server does not support dynamic logging")
+
+
+def _streamed_response(request: Any, answer: StreamedResponse) -> Any:
+    """One streamed response as its message: outputs, or the error in-band."""
+    if answer.error is None and not answer.empty:
+        response = infer_response(answer.outcome)
+        message = ""
+    else:
+        response = pb.ModelInferResponse(
+            model_name=request.model_name, model_version=request.model_version, id=request.id
+        )
+        message = "" if answer.error is None else grpc_status(answer.error)[1]
+    response.parameters[FINAL_RESPONSE].bool_param = answer.final
+    return pb.ModelStreamInferResponse(error_message=message, infer_response=response)
 
 
 def _no_shared_memory() -> SluiceError:

@@ -11,14 +11,18 @@ An ensemble step's request carries its continuation as the parameter ``sluice_en
 the client inputs later steps need after its own inputs, counted by ``sluice_carried``.
 
 Reply entries mirror it: ``[SCHEMA, [[id, [[name, datatype, shape, nbytes], ...], error], ...]]``
-plus the concatenated output bytes. Tensors are never inside msgpack, so decoding is
-``np.frombuffer`` over the blob: zero copies, and nothing read off the wire can run code.
+plus the concatenated output bytes. A response of a decoupled model's request (one of zero or
+more) appends its sequence number and final flag to its item, ``[id, tensors, error, seq,
+final]``; an ordinary request's item stays three long, so its cost is unchanged.
+
+Tensors are never inside msgpack, so decoding is ``np.frombuffer`` over the blob: zero copies,
+and nothing read off the wire can run code.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +88,11 @@ class Result:
     outputs: list[Tensor] = field(default_factory=list)
     #: (error code, message) when the request failed; see sluice.shared.errors.
     error: tuple[str, str] | None = None
+    #: a decoupled request's response: its number, 0 up, in the order the model sent it
+    #: (None: the one answer of an ordinary request, or a request refused before it ran).
+    seq: int | None = None
+    #: the last response of its request (always so for an ordinary one).
+    final: bool = True
 
 
 def _tensor_headers(tensors: Iterable[Tensor], blobs: list[Buffer]) -> list[list[Any]]:
@@ -126,7 +135,12 @@ def _parameters(request: Request) -> dict[str, Any]:
 def encode_results(results: Sequence[Result]) -> dict[str, bytes]:
     """Fields of one reply entry carrying `results` for a single gateway."""
     blobs: list[Buffer] = []
-    items = [[r.id, _tensor_headers(r.outputs, blobs), r.error] for r in results]
+    items = [
+        [r.id, _tensor_headers(r.outputs, blobs), r.error]
+        if r.seq is None
+        else [r.id, _tensor_headers(r.outputs, blobs), r.error, r.seq, r.final]
+        for r in results
+    ]
     return {"h": msgpack.packb([SCHEMA, items]), "d": b"".join(blobs)}
 
 
@@ -233,15 +247,18 @@ def decode_results(fields: Fields) -> list[Result]:
     items, blob = _unpack_header(fields)
     results, offset = [], 0
     for item in items:
-        if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str)):
+        if not (isinstance(item, list) and len(item) in (3, 5) and isinstance(item[0], str)):
             raise ProtocolError("malformed result header")
-        rid, heads, error = item
+        rid, heads, error = item[:3]
+        seq, final = (item[3], item[4]) if len(item) == 5 else (None, True)
+        if seq is not None and not (_is_int(seq) and seq >= 0 and isinstance(final, bool)):
+            raise ProtocolError("a streamed response needs a sequence number and a final flag")
         if error is not None and not (
             isinstance(error, list) and len(error) == 2 and all(isinstance(e, str) for e in error)
         ):
             raise ProtocolError("result error must be [code, message]")
         outputs, offset = _cut_tensors(heads, blob, offset)
-        results.append(Result(rid, outputs, (error[0], error[1]) if error else None))
+        results.append(Result(rid, outputs, (error[0], error[1]) if error else None, seq, final))
     return results
 
 
@@ -250,10 +267,19 @@ def job_event(job_id: str, status: str) -> bytes:
     return orjson.dumps({"id": job_id, "status": status})
 
 
-def settle_results(fields: Fields, waiting: Mapping[str, asyncio.Future[Result]]) -> None:
+def settle_results(
+    fields: Fields,
+    waiting: Mapping[str, asyncio.Future[Result]],
+    streamed: Callable[[Result], None] | None = None,
+) -> None:
     """Hand a reply entry's results to the futures waiting on their ids (ProtocolError if the
-    entry does not decode); a result nobody waits for any more is dropped."""
+    entry does not decode); a result nobody waits for any more is dropped. A decoupled
+    request's responses go to `streamed` instead (dropped without one)."""
     for result in decode_results(fields):
+        if result.seq is not None:
+            if streamed is not None:
+                streamed(result)
+            continue
         future = waiting.get(result.id)
         if future is not None and not future.done():
             future.set_result(result)

@@ -446,3 +446,32 @@ def test_fuzz_random_items_never_raise_other_errors(items: list[Any], blob: byte
 @given(st.lists(near_valid_items, min_size=1, max_size=2), st.binary(max_size=64))
 def test_fuzz_near_valid_items_never_raise_other_errors(items: list[Any], blob: bytes) -> None:
     decode_or_protocol_error(raw_entry(items, blob))
+
+
+def test_streamed_responses_carry_their_number_and_final_flag() -> None:
+    """A decoupled request's responses add [seq, final] to their item; an ordinary result's
+    item stays three long (what older readers decode)."""
+    token = tensor("OUT", np.array([7], dtype="<i4"), "INT32")
+    results = [
+        Result("plain", [token]),
+        Result("s", [token], None, 0, False),
+        Result("s", [], ("INVALID_ARG", "bad token"), 1, False),
+        Result("s", [], None, 2, True),
+    ]
+    fields = as_redis(encode_results(results))
+    items = msgpack.unpackb(fields[b"h"])[1]
+    assert [len(item) for item in items] == [3, 5, 5, 5]
+    decoded = decode_results(fields)
+    assert [(r.id, r.seq, r.final) for r in decoded] == [
+        ("plain", None, True),
+        ("s", 0, False),
+        ("s", 1, False),
+        ("s", 2, True),
+    ]
+    assert decoded[2].error == ("INVALID_ARG", "bad token") and decoded[3].outputs == []
+
+
+@pytest.mark.parametrize("tail", [[-1, False], ["0", True], [0, 1], [True, True]])
+def test_a_malformed_sequence_number_or_final_flag_is_refused(tail: list[Any]) -> None:
+    with pytest.raises(ProtocolError, match="sequence number"):
+        decode_results(raw_entry([["r", [], None, *tail]]))

@@ -284,14 +284,14 @@ def test_custom_parameters_and_requested_outputs_reach_the_model(
     assert result.as_numpy("CORRELATION").tolist() == [42]
 
 
-def test_a_decoupled_model_is_unavailable_saying_why(
+def test_a_decoupled_model_is_served_and_http_infer_refuses_it(
     client: httpclient.InferenceServerClient,
 ) -> None:
-    assert not client.is_model_ready("decoupled")
-    index = {m["name"]: m for m in client.get_model_repository_index()}
-    assert index["decoupled"]["state"] == "UNAVAILABLE"
-    assert "decoupled" in index["decoupled"]["reason"]
-    assert index["add_sub"]["state"] == "READY"
+    """Its responses need a stream (tests/test_decoupled.py); /infer answers as Triton's."""
+    assert client.is_model_ready("decoupled")
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("decoupled", [_input("IN", np.array([1], np.int32), "INT32")])
+    assert err.value.status() == "501"
 
 
 def test_an_unload_finalizes_the_models_instances(tmp_path: Path, redis_url: str) -> None:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
-from sluice.shared.errors import SluiceError
+from sluice.shared.errors import SluiceError, error_from_code
 from sluice.shared.idle_poll import IdlePoll
 from sluice.shared.protocol import Request, Result
 from sluice.shared.stats import BatchStats, failure_increments
@@ -22,18 +22,26 @@ from sluice.workers.instances import Instances
 from sluice.workers.pending import Queued
 from sluice.workers.publisher import Publisher
 from sluice.workers.queue_state import Launch, QueueState
+from sluice.workers.streamed import ResponseStream
 
 
 class Answering:
     """Publishes one model queue's results; owns the tasks that do it."""
 
     def __init__(
-        self, publisher: Publisher, instances: Instances, state: QueueState, idle_poll: IdlePoll
+        self,
+        publisher: Publisher,
+        instances: Instances,
+        state: QueueState,
+        idle_poll: IdlePoll,
+        responses: ResponseStream | None = None,
     ) -> None:
         self.publisher = publisher
         self.instances = instances
         self.state = state
         self.idle_poll = idle_poll
+        #: a decoupled model's: its requests are answered through it, not by their batch.
+        self.responses = responses
         self._tasks: set[asyncio.Future[None]] = set()
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -65,12 +73,26 @@ class Answering:
                 [item], [result], failure_increments(item.request.version, reason, 1)
             )
 
+    def _streamed(
+        self, batch: Sequence[Queued], results: list[Result]
+    ) -> tuple[list[Queued], list[Result]]:
+        """A decoupled model's run: its requests answer through their response streams. Those
+        it failed as a whole (its execute raised) and that are still open get the error as
+        their final response; nothing else is published with the batch's statistics."""
+        assert self.responses is not None
+        for item, result in zip(batch, results, strict=True):
+            if result.error is not None:
+                self.responses.end(item.request, error_from_code(*result.error))
+        return [], []
+
     def start(self, launch: Launch) -> None:
         """Start the batch on its lane's thread within the batch loop's turn (or run it right
         here when `launch.inline`), and answer it on a task of its own."""
         started = time.time_ns()
         requests = [q.request for q in launch.batch]
         sizes = [q.pending.batch_size for q in launch.batch]
+        if self.responses is not None:
+            self.responses.open(launch.batch)
         running = self.instances.start(launch.lane, requests, sizes, here=launch.inline)
         self.spawn(self._answer(launch, requests, sizes, started, running))
 
@@ -97,9 +119,12 @@ class Answering:
             await asyncio.sleep(0)
         # statistics are summed over a short while when more work is in hand
         in_hand = not inline and self.state.in_hand
+        items: Sequence[Queued] = launch.batch
+        if self.responses is not None:
+            items, results = self._streamed(launch.batch, results)
         try:
             await self.publisher.publish(
-                launch.batch, results, stats.increments(), defer_statistics=in_hand
+                items, results, stats.increments(), defer_statistics=in_hand
             )
         finally:
             if inline:

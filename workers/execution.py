@@ -98,6 +98,19 @@ def _to_numpy(value: object, datatype: str) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(value))
 
 
+def output_array(value: object, datatype: str) -> np.ndarray:
+    """A model's output (torch tensor, numpy array, list) as a numpy array of its datatype."""
+    array = _to_numpy(value, datatype)
+    if datatype not in ("BYTES", "BF16") and array.dtype != NUMPY_DTYPE[datatype]:
+        array = array.astype(NUMPY_DTYPE[datatype])
+    return array
+
+
+def output_tensor(name: str, datatype: str, value: object) -> Tensor:
+    """One whole output as a wire tensor (a streamed response's, not cut per request)."""
+    return _tensor(name, datatype, output_array(value, datatype))
+
+
 def split(
     spec: ModelSpec, requests: Sequence[Request], sizes: Sequence[int], outputs: dict[str, object]
 ) -> list[list[Tensor]]:
@@ -111,9 +124,7 @@ def split(
             continue
         if io.name not in outputs:
             raise ModelExecutionError(f"model '{spec.name}' did not return output '{io.name}'")
-        array = _to_numpy(outputs[io.name], io.datatype)
-        if io.datatype not in ("BYTES", "BF16") and array.dtype != NUMPY_DTYPE[io.datatype]:
-            array = array.astype(NUMPY_DTYPE[io.datatype])
+        array = output_array(outputs[io.name], io.datatype)
         if not batched:
             array = array.reshape(_client_shape(io.dims, array.size)) if io.reshape else array
             per_request[0].append(_tensor(io.name, io.datatype, array))

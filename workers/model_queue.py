@@ -19,6 +19,7 @@ from sluice.shared import keys
 from sluice.shared.idle_poll import DEFAULT_WINDOW_US, IdlePoll
 from sluice.shared.model_config import ModelSpec
 from sluice.shared.queue_policy import QueuePolicy
+from sluice.shared.transaction_policy import is_decoupled
 from sluice.workers.admission import Admission
 from sluice.workers.answering import Answering
 from sluice.workers.backends import Infer
@@ -26,9 +27,11 @@ from sluice.workers.batch_loop import BatchLoop
 from sluice.workers.batcher import BatchRules
 from sluice.workers.instances import Instances
 from sluice.workers.publisher import Publisher
+from sluice.workers.python_backend.instance import TritonInstance
 from sluice.workers.queue_state import QueueState
 from sluice.workers.reader import StreamReader
 from sluice.workers.recovery import Recovery, RecoveryPolicy
+from sluice.workers.streamed import ResponseStream
 from sluice.workers.takeover import Takeover
 
 
@@ -75,7 +78,17 @@ class ModelQueue:
         publisher = Publisher(redis, spec.name, counted)
         #: after a batch run on the loop (lone requests), poll for the next one
         self.idle_poll = IdlePoll(idle_poll_us * 1000, lambda: self.state.idle)
-        self.answering = Answering(publisher, self.instances, self.state, self.idle_poll)
+        #: a decoupled model's responses (None: one answer per request, with its batch).
+        decoupled = is_decoupled(spec.config_json) and self.instances.answers_each
+        self.responses = ResponseStream(publisher, spec) if decoupled else None
+        if self.responses is not None:
+            for lanes in instances.values():
+                for infer in lanes:
+                    if isinstance(infer, TritonInstance):
+                        infer.responses = self.responses
+        self.answering = Answering(
+            publisher, self.instances, self.state, self.idle_poll, self.responses
+        )
         self.admission = Admission(spec, streams, self.instances, self.state, self.answering)
         self.reading = StreamReader(
             spec.name, redis, reader, consumer, block_ms, self.state, self.admission, self.answering
@@ -101,6 +114,8 @@ class ModelQueue:
     def cancel(self, request_id: str) -> None:
         """Its client went away: drop the request if it has not started, or when it is read."""
         item = self.state.request_cancelled(request_id)
+        if item is None and self.responses is not None and self.responses.cancel(request_id):
+            return  # running: its model sees it cancelled, and still ends it
         if item is None:
             self.admission.remember_cancelled(request_id)
         else:
@@ -120,6 +135,8 @@ class ModelQueue:
             for task in helpers:
                 task.cancel()
             await self.answering.drain()
+            if self.responses is not None:
+                await self.responses.wait_closed()
             self.idle_poll.stop()
             self.instances.shutdown()
             await self.reading.close()

@@ -78,13 +78,15 @@ class Publisher:
         return [entry_id for s, entry_id in (*self.unanswered, *self.unacked) if s == stream]
 
     def _settle(
-        self, items: Sequence[Queued], extra_acks: Sequence[EntryKey]
+        self, items: Sequence[Queued], results: Sequence[Result], extra_acks: Sequence[EntryKey]
     ) -> dict[str, list[bytes]]:
         done: dict[str, list[bytes]] = defaultdict(list)
         for stream, entry_id in extra_acks:
             self.unanswered.pop((stream, entry_id), None)
             done[stream].append(entry_id)
-        for item in items:
+        for item, result in zip(items, results, strict=True):
+            if not result.final:  # a streamed response: its request is answered by the last
+                continue
             key = (item.stream, item.entry_id)
             left = self.unanswered.get(key, 1) - 1
             if left > 0:
@@ -117,7 +119,8 @@ class Publisher:
         extra_acks: Sequence[EntryKey] = (),
         defer_statistics: bool = False,
     ) -> None:
-        """Reply to each gateway, then ack the fully answered entries, in one round trip.
+        """Reply to each gateway, then ack the fully answered entries, in one round trip. A
+        streamed response that is not final (workers/streamed.py) answers nothing yet.
 
         `defer_statistics`: more work is in hand, so the statistics may join a later call's.
         """
@@ -130,9 +133,9 @@ class Publisher:
                 steps.append((item.request, result))
             else:
                 by_route[item.request.reply_to].append(result)
-                if item.level in self.counted_levels:  # steps are not counted in
+                if item.level in self.counted_levels and result.final:  # steps are not counted
                     answered[item.stream][item.level] += 1
-        done = self._settle(items, extra_acks)
+        done = self._settle(items, results, extra_acks)
         streams = set(done) | set(answered)
         if not streams and records:
             streams = {keys.request_stream(self.model)}
@@ -158,7 +161,10 @@ class Publisher:
             job_id = keys.job_of_stream(route)
             if job_id is None:
                 continue
-            status = "done" if route_results[0].error is None else "failed"
+            last = route_results[-1]
+            status = "done" if last.error is None else "failed"
+            if not last.final:  # a streamed response: more are to come
+                status = "running"
             try:
                 await self.redis.publish(keys.job_channel(job_id), job_event(job_id, status))
             except REDIS_ERRORS as exc:  # the result is stored; only the notification is lost

@@ -10,6 +10,11 @@ request alone.
 
 An `async def execute` runs on an event loop of the instance's own, on a thread of its own, as
 Triton's stub runs it; the calling lane thread waits for it.
+
+A decoupled model's `execute` returns None instead: each request carries a response sender,
+which hands the model's responses to the queue's ResponseStream (workers/streamed.py), from
+`execute` or from any thread after it returned. Its `async def execute` is not waited for, as
+in Triton, so the instance takes the next batch while the coroutine runs.
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ import inspect
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sluice.shared.errors import ModelExecutionError, SluiceError
 from sluice.shared.protocol import Request
@@ -28,7 +34,11 @@ from sluice.shared.protocol import Tensor as WireTensor
 from sluice.workers.python_backend.errors import to_sluice
 from sluice.workers.python_backend.messages import InferenceRequest, InferenceResponse
 from sluice.workers.python_backend.pb_utils import model_dir
+from sluice.workers.python_backend.sender import InferenceResponseSender
 from sluice.workers.python_backend.tensors import to_wire
+
+if TYPE_CHECKING:
+    from sluice.workers.streamed import ResponseStream
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +68,8 @@ class TritonInstance:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._closed = False
+        #: a decoupled model's response streams (set by its model queue; None: not decoupled).
+        self.responses: ResponseStream | None = None
 
     def run(self, requests: Sequence[Request], stacked: Callable[[], None]) -> list[Answer]:
         """Answer each of `requests`; `stacked` is called once they are handed over as
@@ -66,10 +78,14 @@ class TritonInstance:
         try:
             try:
                 pb_requests = [
-                    InferenceRequest.from_request(r, self._all_outputs) for r in requests
+                    InferenceRequest.from_request(r, self._all_outputs, self._sender(r))
+                    for r in requests
                 ]
             finally:
                 stacked()
+            if self.responses is not None:
+                self._execute_decoupled(requests, pb_requests)
+                return [[] for _ in requests]  # answered through their senders
             responses = self._execute(pb_requests)
         except Exception as exc:  # the model's code, or its return: the call's requests fail
             log.warning("model '%s': execute failed", self.name, exc_info=True)
@@ -109,6 +125,53 @@ class TritonInstance:
                     f"list, found type '{type(response)}'."
                 )
         return returned
+
+    def _sender(self, request: Request) -> InferenceResponseSender | None:
+        responses = self.responses
+        if responses is None:
+            return None
+
+        def deliver(response: InferenceResponse | None, final: bool) -> None:
+            answer = [] if response is None else self._answer(request, response)
+            if isinstance(answer, SluiceError):
+                responses.send_tensors(request, [], answer, final)
+            else:
+                responses.send_tensors(request, answer, None, final)
+
+        return InferenceResponseSender(deliver, lambda: responses.is_cancelled(request.id))
+
+    def _execute_decoupled(self, requests: Sequence[Request], pb: list[InferenceRequest]) -> None:
+        """Run a decoupled model's `execute`, which must return None; a coroutine runs on
+        the instance's loop without being waited for, its failure ending the requests it
+        left open."""
+        returned = self.model.execute(pb)
+        if inspect.isawaitable(returned):
+            running = asyncio.run_coroutine_threadsafe(_awaited(returned), self._event_loop())
+            running.add_done_callback(lambda done: self._ended(requests, done))
+            return
+        if returned is not None:
+            raise ContractError(
+                f"Python model '{self.name}' is using the decoupled mode and the execute "
+                "function must return None."
+            )
+
+    def _ended(self, requests: Sequence[Request], done: Future[Any]) -> None:
+        """An `async def execute` of a decoupled model finished: a failure, or a value other
+        than None, ends its requests still open with the error, as a raising execute does."""
+        exc = done.exception()
+        if exc is None and done.result() is None:
+            return
+        message = (
+            f"{type(exc).__name__}: {exc}"
+            if exc is not None
+            else f"Python model '{self.name}' is using the decoupled mode and the execute "
+            "function must return None."
+        )
+        log.warning("model '%s': execute failed: %s", self.name, message)
+        error = self._failure(message)
+        assert self.responses is not None
+        for request in requests:
+            self.responses.end(request, error)
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         """The loop `async def execute` runs on, started on first use."""

@@ -26,10 +26,7 @@ from sluice.shared.errors import ModelConfigError
 from sluice.shared.model_config import ModelSpec, triton_config_json
 from sluice.workers.python_backend import pb_utils
 from sluice.workers.python_backend.instance import TritonInstance
-from sluice.workers.python_backend.model_config import (
-    ModelConfig,
-    using_decoupled_model_transaction_policy,
-)
+from sluice.workers.python_backend.model_config import ModelConfig
 from tritonclient.grpc.model_config_pb2 import ModelConfig as ModelConfigProto
 
 TRITON_CLASS = "TritonPythonModel"
@@ -120,11 +117,6 @@ def triton_instance(
     path: Path,
 ) -> TritonInstance:
     """Build and initialize the model object of instance `index` (ModelConfigError if not)."""
-    if using_decoupled_model_transaction_policy(spec.config_json):
-        raise ModelConfigError(
-            f"{path}: model '{spec.name}' is decoupled (model_transaction_policy "
-            "{ decoupled: true }), which sluice does not serve yet"
-        )
     args = initialize_args(spec, model_dir, version, device, index)
     token = pb_utils.model_dir.set(path.parent)
     try:

@@ -101,10 +101,14 @@ class InferenceRequest:
         self._flags = flags
         self._timeout = timeout
         self._parameters = _parameters_json(parameters)
+        self._sender: Any = None
 
     @classmethod
-    def from_request(cls, request: Request, all_outputs: Sequence[str]) -> InferenceRequest:
-        """The server's request for one queued request: inputs as views over its bytes."""
+    def from_request(
+        cls, request: Request, all_outputs: Sequence[str], sender: Any = None
+    ) -> InferenceRequest:
+        """The server's request for one queued request: inputs as views over its bytes;
+        `sender` is its response sender (a decoupled model's requests have one)."""
         params = request.parameters
         flags = (FLAG_SEQUENCE_START if params.get(SEQUENCE_START) else 0) | (
             FLAG_SEQUENCE_END if params.get(SEQUENCE_END) else 0
@@ -119,6 +123,7 @@ class InferenceRequest:
             timeout=int(params.get(TIMEOUT, 0)),
         )
         made._parameters = orjson.dumps(custom).decode() if custom else "{}"
+        made._sender = sender
         return made
 
     def inputs(self) -> list[Tensor]:
@@ -143,18 +148,22 @@ class InferenceRequest:
         return self._outputs
 
     def is_cancelled(self) -> bool:
-        """Always False: a request whose client left is dropped before its batch starts."""
-        return False
+        """A decoupled model's request: whether its client went away. Otherwise False: a
+        request whose client left is dropped before its batch starts."""
+        return bool(self._sender is not None and self._sender.is_cancelled())
 
     def set_release_flags(self, flags: int) -> None:
         if flags != RELEASE_ALL:
             raise TritonModelException("request rescheduling is not supported by sluice")
 
     def get_response_sender(self) -> Any:
-        raise TritonModelException(
-            "response senders (decoupled mode) are not supported by sluice yet: return one "
-            "InferenceResponse per request from execute"
-        )
+        """The request's InferenceResponseSender (decoupled models only, in sluice)."""
+        if self._sender is None:
+            raise TritonModelException(
+                "response senders are for decoupled models (model_transaction_policy "
+                "{ decoupled: true }); return one InferenceResponse per request from execute"
+            )
+        return self._sender
 
     def trace(self) -> None:
         return None

@@ -29,6 +29,7 @@ from sluice.workers.python_backend.model_config import (
     get_output_config_by_name,
     using_decoupled_model_transaction_policy,
 )
+from sluice.workers.python_backend.sender import COMPLETE_FINAL, InferenceResponseSender
 from sluice.workers.python_backend.tensors import (
     TRITON_STRING_TO_NUMPY,
     Tensor,
@@ -45,6 +46,7 @@ __all__ = [
     "TRITON_STRING_TO_NUMPY",
     "InferenceRequest",
     "InferenceResponse",
+    "InferenceResponseSender",
     "Logger",
     "ModelConfig",
     "Tensor",
@@ -69,7 +71,7 @@ __all__ = [
 
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = FLAG_SEQUENCE_START
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = FLAG_SEQUENCE_END
-TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = COMPLETE_FINAL
 TRITONSERVER_REQUEST_RELEASE_ALL = RELEASE_ALL
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = RELEASE_RESCHEDULE
 TRITONSERVER_MEMORY_CPU = 0
