@@ -3,6 +3,7 @@ auto-completed, then one instance), the error a bad one fails with, and binary H
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,8 @@ from sluice.shared.errors import ModelConfigError
 from sluice.shared.model_config import ModelSpec, load_model_config
 from sluice.workers.backends import choose_device, complete_config, load_instance
 from tritonclient.utils import np_to_triton_dtype
+
+from tests.conftest import Service, serving_alone
 
 
 def model_spec(model_dir: Path) -> ModelSpec:
@@ -47,3 +50,21 @@ def run_counts(client: httpclient.InferenceServerClient, model: str) -> tuple[in
     executions than inferences mean requests ran batched."""
     stats = client.get_inference_statistics(model)["model_stats"][0]
     return int(stats.get("inference_count", 0)), int(stats.get("execution_count", 0))
+
+
+def serving_fixtures() -> tuple[Any, Any]:
+    """A module's `service` (`sluice serve` on the module's own `repo` fixture, with a Redis of
+    its own) and `client` (eight connections to it, for requests sent at once) fixtures:
+    assign the pair to module names."""
+
+    @pytest.fixture(scope="module", name="service")
+    def service(repo: Path) -> Iterator[Service]:
+        with serving_alone(repo) as served:
+            yield served
+
+    @pytest.fixture(scope="module", name="client")
+    def client(service: Service) -> Iterator[httpclient.InferenceServerClient]:
+        with httpclient.InferenceServerClient(service.http_url, concurrency=8) as connections:
+            yield connections
+
+    return service, client

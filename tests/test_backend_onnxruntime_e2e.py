@@ -6,7 +6,6 @@ onnxruntime."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +14,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.backend_models import http_inputs, run_counts
-from tests.conftest import HERE, Service, serving_alone, start_service, stop_service
+from tests.backend_models import http_inputs, run_counts, serving_fixtures
+from tests.conftest import HERE, Service, start_service, stop_service
 from tests.test_backend_onnxruntime import (
     LINEAR_CONFIG,
     add_sub_graph,
@@ -44,17 +43,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return repo
 
 
-@pytest.fixture(scope="module")
-def service(repo: Path) -> Iterator[Service]:
-    with serving_alone(repo) as service:
-        yield service
-
-
-@pytest.fixture(scope="module")
-def client(service: Service) -> Iterator[httpclient.InferenceServerClient]:
-    """Eight connections, for requests sent at once."""
-    with httpclient.InferenceServerClient(service.http_url, concurrency=8) as client:
-        yield client
+_service, _client = serving_fixtures()
 
 
 def _ort_run(repo: Path, model: str, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

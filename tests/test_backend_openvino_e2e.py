@@ -5,7 +5,6 @@ TensorRT plan that this GPU-less machine cannot serve."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +14,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.backend_models import http_inputs, run_counts
-from tests.conftest import Service, serving_alone
+from tests.backend_models import http_inputs, run_counts, serving_fixtures
+from tests.conftest import Service
 from tests.test_backend_openvino import DENSE_CONFIG, dense_graph, numpy_dense, write_model
 
 #: eight requests of one row fill the preferred batch: the batcher then runs them at once.
@@ -45,17 +44,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return repo
 
 
-@pytest.fixture(scope="module")
-def service(repo: Path) -> Iterator[Service]:
-    with serving_alone(repo) as service:
-        yield service
-
-
-@pytest.fixture(scope="module")
-def client(service: Service) -> Iterator[httpclient.InferenceServerClient]:
-    """Eight connections, for requests sent at once."""
-    with httpclient.InferenceServerClient(service.http_url, concurrency=8) as client:
-        yield client
+_service, _client = serving_fixtures()
 
 
 def test_a_config_without_tensors_is_served_completed(

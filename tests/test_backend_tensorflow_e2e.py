@@ -6,7 +6,6 @@ own, and configs that contradict the signature."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 import keras
@@ -16,8 +15,7 @@ import pytest
 import torch
 import tritonclient.http as httpclient
 
-from tests.backend_models import http_inputs, run_counts
-from tests.conftest import Service, serving_alone
+from tests.backend_models import http_inputs, run_counts, serving_fixtures
 from tests.test_backend_onnxruntime import linear_graph
 from tests.test_backend_onnxruntime import write_model as write_onnx
 from tests.test_backend_tensorflow import LINEAR_CONFIG, linear_model, write_model
@@ -68,17 +66,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory, linear: keras.Model) -> Path:
     return repo
 
 
-@pytest.fixture(scope="module")
-def service(repo: Path) -> Iterator[Service]:
-    with serving_alone(repo) as service:
-        yield service
-
-
-@pytest.fixture(scope="module")
-def client(service: Service) -> Iterator[httpclient.InferenceServerClient]:
-    """Eight connections, for requests sent at once."""
-    with httpclient.InferenceServerClient(service.http_url, concurrency=8) as client:
-        yield client
+_service, _client = serving_fixtures()
 
 
 def test_a_config_without_tensors_is_served_completed(

@@ -14,7 +14,6 @@ import json
 import shutil
 import textwrap
 import zipfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from torch import nn
 from torch.export import Dim
 from torch.utils import _pytree as pytree
 
-from tests.conftest import Service, serving_alone
+from tests.backend_models import serving_fixtures
 
 # torch 2.13 pickles call specs with a check it deprecates itself
 pytestmark = pytest.mark.filterwarnings(
@@ -190,16 +189,7 @@ def repo(archives: Archives, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return repo
 
 
-@pytest.fixture(scope="module")
-def service(repo: Path) -> Iterator[Service]:
-    with serving_alone(repo) as svc:
-        yield svc
-
-
-@pytest.fixture
-def client(service: Service) -> Iterator[httpclient.InferenceServerClient]:
-    with httpclient.InferenceServerClient(service.http_url, concurrency=8) as client:
-        yield client
+_service, _client = serving_fixtures()
 
 
 def _request(names: tuple[str, ...], x: np.ndarray, shift: np.ndarray) -> list[Any]:

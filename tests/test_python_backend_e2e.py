@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import queue
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -15,11 +14,11 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.backend_models import serving_fixtures
 from tests.conftest import (
     HERE,
     Service,
     build_named_args_model,
-    serving_alone,
     start_service,
     stop_service,
     wait_until,
@@ -38,16 +37,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return repo
 
 
-@pytest.fixture(scope="module")
-def service(repo: Path) -> Iterator[Service]:
-    with serving_alone(repo) as svc:
-        yield svc
-
-
-@pytest.fixture
-def client(service: Service) -> Iterator[httpclient.InferenceServerClient]:
-    with httpclient.InferenceServerClient(service.http_url, concurrency=8) as client:
-        yield client
+_service, _client = serving_fixtures()
 
 
 def _input(name: str, array: np.ndarray, datatype: str) -> httpclient.InferInput:
