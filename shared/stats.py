@@ -168,8 +168,8 @@ class BatchStats:
         ]
         if ok:
             pairs += [f"{v}:success_count", ok, f"{v}:success_ns", sum(self.request_samples_ns)]
-        pairs += _histogram_increments(f"{v}:hq", self.queue_samples_ns)
-        pairs += _histogram_increments(f"{v}:hr", self.request_samples_ns)
+        pairs += histogram_increments(f"{v}:hq", self.queue_samples_ns)
+        pairs += histogram_increments(f"{v}:hr", self.request_samples_ns)
         if self.requests_failed:
             pairs += [
                 f"{v}:fail_count",
@@ -204,7 +204,7 @@ RECLAIMED = "all:reclaimed"
 DEAD_LETTERED = "all:dead_lettered"
 
 
-def _histogram_increments(prefix: str, samples_ns: list[int]) -> list[str | int]:
+def histogram_increments(prefix: str, samples_ns: list[int]) -> list[str | int]:
     """Per-bucket (not cumulative) counts, so that many workers can add to them."""
     counts: dict[int, int] = {}
     for sample in samples_ns:

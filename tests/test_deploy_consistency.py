@@ -251,6 +251,7 @@ def test_keda_watches_every_example_model_queue_with_the_worker_group() -> None:
         "digits_pre",
         "digits_post",
         "breast_cancer_xgb",
+        "charlm",
     }
     assert {t["metadata"]["stream"] for t in triggers} == set(expected)
     assert len(triggers) == len(expected)

@@ -25,6 +25,8 @@ from sluice.workers.answering import Answering
 from sluice.workers.backends import Infer
 from sluice.workers.batch_loop import BatchLoop
 from sluice.workers.batcher import BatchRules
+from sluice.workers.generation import GenerativeInstance
+from sluice.workers.inflight_loop import InflightLoop
 from sluice.workers.instances import Instances
 from sluice.workers.publisher import Publisher
 from sluice.workers.python_backend.instance import TritonInstance
@@ -79,7 +81,11 @@ class ModelQueue:
         #: after a batch run on the loop (lone requests), poll for the next one
         self.idle_poll = IdlePoll(idle_poll_us * 1000, lambda: self.state.idle)
         #: a decoupled model's responses (None: one answer per request, with its batch).
-        decoupled = is_decoupled(spec.config_json) and self.instances.answers_each
+        #: an iterative model with sluice's generative contract: run by in-flight batching.
+        generative = all(
+            isinstance(infer, GenerativeInstance) for lanes in instances.values() for infer in lanes
+        )
+        decoupled = is_decoupled(spec.config_json) and (self.instances.answers_each or generative)
         self.responses = ResponseStream(publisher, spec) if decoupled else None
         if self.responses is not None:
             for lanes in instances.values():
@@ -93,7 +99,11 @@ class ModelQueue:
         self.reading = StreamReader(
             spec.name, redis, reader, consumer, block_ms, self.state, self.admission, self.answering
         )
-        self.batching = BatchLoop(self.state, self.instances, self.reading, self.answering)
+        self.batching: BatchLoop | InflightLoop = (
+            InflightLoop(spec, self.state, self.instances, self.answering, self.responses)
+            if generative and self.responses is not None
+            else BatchLoop(self.state, self.instances, self.reading, self.answering)
+        )
         recovery = recovery or RecoveryPolicy()
         recoveries = [Recovery(redis, spec.name, s, consumer, recovery) for s in streams]
         self.takeover = Takeover(spec.name, recoveries, self.state, self.admission, self.answering)

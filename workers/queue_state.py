@@ -66,6 +66,8 @@ class QueueState:
         #: a lane freed since the batch loop last looked (read what queued up meanwhile).
         self.lane_freed_since_look = False
         self.batches_done = 0
+        #: sequences an iterative model runs or holds (workers/inflight_loop.py).
+        self.sequences = 0
         self.room = asyncio.Event()
         self.wake = asyncio.Event()
         self._settle()
@@ -94,11 +96,11 @@ class QueueState:
     @property
     def idle(self) -> bool:
         """Nothing in hand and nothing running (idle polling may go on)."""
-        return not self.pending and not self.busy_lanes
+        return not self.pending and not self.busy_lanes and not self.sequences
 
     @property
     def in_hand(self) -> bool:
-        return bool(self.pending) or bool(self.busy_lanes)
+        return bool(self.pending) or bool(self.busy_lanes) or bool(self.sequences)
 
     @property
     def finished(self) -> bool:
@@ -192,6 +194,17 @@ class QueueState:
         """A batch run on the loop was answered (or failed to be): reading may go on."""
         self.answering_inline = False
         self._free(lane)
+
+    def take_in_hand(self, count: int) -> list[Queued]:
+        """An iterative model's instances take the first `count` requests in hand (in
+        priority order) to run them as sequences: the reader may read on."""
+        taken = self.pending.take(range(min(count, len(self.pending))))
+        self._settle()
+        return taken
+
+    def sequences_running(self, count: int) -> None:
+        """An iterative model's instances run or hold `count` sequences."""
+        self.sequences = count
 
     def results_published(self) -> None:
         self.batches_done += 1

@@ -19,7 +19,9 @@ from typing import Any
 import torch
 from sluice.shared.errors import ModelConfigError
 from sluice.shared.model_config import ModelSpec
+from sluice.shared.transaction_policy import is_decoupled
 from sluice.workers.backends import Infer, TensorFunction
+from sluice.workers.generation import GenerativeInstance, GenerativeModel, iterative
 from sluice.workers.python_backend.loading import (
     complete_config,
     import_model_file,
@@ -70,5 +72,23 @@ def load_instance(
         instance = model_class(context)
     except Exception as exc:  # user code
         raise ModelConfigError(f"{path}: Model() failed: {exc!r}") from exc
+    if iterative(spec):
+        return _generative(spec, instance, path)
     infer: TensorFunction = instance.infer
     return infer
+
+
+def _generative(spec: ModelSpec, instance: object, path: Path) -> GenerativeInstance:
+    """A `Model` with the generative contract, for an iterative config (in-flight batching)."""
+    if not isinstance(instance, GenerativeModel):
+        raise ModelConfigError(
+            f"{path}: model '{spec.name}' is iterative (sequence_batching "
+            "{ iterative_sequence: true }): its Model needs prefill, step, join and keep"
+        )
+    if not is_decoupled(spec.config_json) or spec.max_batch_size < 1:
+        raise ModelConfigError(
+            f"{path}: model '{spec.name}' is iterative: it must be decoupled "
+            "(model_transaction_policy { decoupled: true }), one response per token, and set "
+            "max_batch_size, the sequences an instance runs together"
+        )
+    return GenerativeInstance(instance)

@@ -1,0 +1,131 @@
+"""In-flight batching end to end: the example charlm (iterative, decoupled) served by `sluice
+serve`, one response per character through tritonclient.grpc streaming; a short request
+finishes while a long one runs; a cancelled sequence frees its slot; the tokens are counted
+in the model's statistics."""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+import tritonclient.grpc as grpcclient
+from sluice.shared.stats import read_stats_command, stats_hash
+
+from tests.charlm import build_charlm, greedy_texts
+from tests.conftest import Service, serving_alone
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service, Path]]:
+    repo = tmp_path_factory.mktemp("inflight")
+    model_dir = build_charlm(repo)
+    # the same model with a single slot: only a sequence that left lets the next one run
+    one = repo / "charlm_one"
+    (one / "1").mkdir(parents=True)
+    for name in ("model.py", "model.pt"):
+        (one / "1" / name).write_bytes((model_dir / "1" / name).read_bytes())
+    config = (model_dir / "config.pbtxt").read_text()
+    config = config.replace('"charlm"', '"charlm_one"').replace(
+        "max_batch_size: 16", "max_batch_size: 1"
+    )
+    (one / "config.pbtxt").write_text(config)
+    with serving_alone(repo) as service:
+        yield service, model_dir
+
+
+def _text_input(text: str) -> grpcclient.InferInput:
+    tensor = grpcclient.InferInput("text_input", [1, 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[text.encode()]], dtype=np.object_))
+    return tensor
+
+
+class Stream:
+    """A tritonclient.grpc stream; its responses taken in order as (request id, char, final)."""
+
+    def __init__(self, client: grpcclient.InferenceServerClient) -> None:
+        self.results: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        client.start_stream(callback=lambda result, error: self.results.put((result, error)))
+
+    def take(self) -> tuple[str, str, bool]:
+        result, error = self.results.get(timeout=60)
+        assert error is None, error
+        response = result.get_response()
+        final = response.parameters["triton_final_response"].bool_param
+        output = result.as_numpy("text_output")
+        char = "" if output is None else output.reshape(-1)[0].decode()
+        return response.id, char, final
+
+
+def test_a_stream_gets_one_response_per_character(served: tuple[Service, Path]) -> None:
+    service, model_dir = served
+    with grpcclient.InferenceServerClient(service.grpc_url) as client:
+        stream = Stream(client)
+        params = {"max_tokens": 30, "stop": ""}
+        client.async_stream_infer("charlm", [_text_input("The ")], parameters=params)
+        taken = [stream.take() for _ in range(30)]
+        client.stop_stream()
+    assert [final for _, _, final in taken] == [False] * 29 + [True]
+    expected = greedy_texts(model_dir, {"a": "The "}, 1, **params)["a"]
+    assert "".join(char for _, char, _ in taken) == expected
+
+
+def test_a_short_request_finishes_while_a_long_one_runs(served: tuple[Service, Path]) -> None:
+    service, model_dir = served
+    with grpcclient.InferenceServerClient(service.grpc_url) as client:
+        stream = Stream(client)
+        long = {"max_tokens": 1000, "stop": ""}
+        client.async_stream_infer("charlm", [_text_input("A ")], request_id="long", parameters=long)
+        short = {"max_tokens": 3, "stop": ""}
+        client.async_stream_infer(
+            "charlm", [_text_input("B")], request_id="short", parameters=short
+        )
+        texts = {"long": "", "short": ""}
+        finals = []
+        while len(finals) < 2:
+            rid, char, final = stream.take()
+            texts[rid] += char
+            if final:
+                finals.append((rid, len(texts["long"])))
+        client.stop_stream()
+    (first, long_so_far), (second, _) = finals
+    assert (first, second) == ("short", "long")
+    assert long_so_far < 1000  # the short one ended while the long one was generating
+    assert texts["long"] == greedy_texts(model_dir, {"l": "A "}, 1, **long)["l"]
+    assert texts["short"] == greedy_texts(model_dir, {"s": "B"}, 1, **short)["s"]
+
+
+def test_a_cancelled_sequence_frees_its_slot(served: tuple[Service, Path]) -> None:
+    service, _ = served
+    endless = {"max_tokens": 1_000_000, "stop": ""}
+    with grpcclient.InferenceServerClient(service.grpc_url) as client:
+        stream = Stream(client)
+        client.async_stream_infer("charlm_one", [_text_input("x")], parameters=endless)
+        for _ in range(3):
+            assert stream.take()[2] is False
+        client.stop_stream(cancel_requests=True)
+        stream = Stream(client)
+        client.async_stream_infer(
+            "charlm_one", [_text_input("y")], parameters={"max_tokens": 4, "stop": ""}
+        )
+        taken = [stream.take() for _ in range(4)]
+        client.stop_stream()
+    assert [final for _, _, final in taken] == [False, False, False, True]
+
+
+def test_tokens_are_counted_in_the_model_statistics(served: tuple[Service, Path]) -> None:
+    service, _ = served
+    test_a_stream_gets_one_response_per_character(served)
+    client = redis.Redis.from_url(service.redis_url)
+    try:
+        stats = stats_hash(client.execute_command(*read_stats_command("charlm")))
+    finally:
+        client.close()
+    assert int(stats[b"1:generation_tokens"]) >= 30
+    assert int(stats[b"1:prompt_tokens"]) >= 5
+    ttft = sum(int(v) for k, v in stats.items() if k.startswith(b"1:ht"))
+    assert ttft >= 1  # one first token per request

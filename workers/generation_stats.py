@@ -1,0 +1,72 @@
+"""What generation adds to a model's statistics, named as LLM servers name it.
+
+Time to first token (from the request's arrival at the gateway) and inter-token latency go
+into histograms with the latency buckets of the queue and request histograms; prompt and
+generated tokens are counted; the running and waiting sequences are the latest seen. The
+counts accumulate here and leave as increments of the model's statistics hash (shared/stats.py),
+so every worker adds to the same figures.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from sluice.shared.protocol import Request
+from sluice.shared.stats import histogram_increments
+
+#: statistics-hash fields (after "<version>:").
+TTFT, ITL = "ht", "hi"
+PROMPT_TOKENS, GENERATION_TOKENS = "prompt_tokens", "generation_tokens"
+#: the histograms' sums, in nanoseconds.
+TTFT_SUM, ITL_SUM = "ttft_ns", "itl_ns"
+
+
+@dataclass(slots=True)
+class _Version:
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    ttft_ns: list[int] = field(default_factory=list)
+    itl_ns: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class GenerationStats:
+    """One model queue's generation figures since they were last taken."""
+
+    running: int = 0
+    waiting: int = 0
+    _versions: defaultdict[int, _Version] = field(default_factory=lambda: defaultdict(_Version))
+
+    def sequences(self, running: int, waiting: int) -> None:
+        self.running, self.waiting = running, waiting
+
+    def prompt_tokens(self, version: int, count: int) -> None:
+        self._versions[version].prompt_tokens += count
+
+    def token(self, request: Request, now_ns: int, previous_ns: int) -> None:
+        """A token of `request` went out at `now_ns` (`previous_ns`: its last one, 0 if none)."""
+        figures = self._versions[request.version]
+        figures.generation_tokens += 1
+        if previous_ns:
+            figures.itl_ns.append(max(0, now_ns - previous_ns))
+        else:
+            figures.ttft_ns.append(max(0, now_ns - request.enqueue_ns))
+
+    def take_increments(self) -> list[str | int]:
+        """The figures gathered since the last call, as statistics increments (the histograms'
+        per-bucket counts under "ht"/"hi", their sums under "ttft_ns"/"itl_ns")."""
+        pairs: list[str | int] = []
+        for v, figures in self._versions.items():
+            for name, count in (
+                (PROMPT_TOKENS, figures.prompt_tokens),
+                (GENERATION_TOKENS, figures.generation_tokens),
+                (TTFT_SUM, sum(figures.ttft_ns)),
+                (ITL_SUM, sum(figures.itl_ns)),
+            ):
+                if count:
+                    pairs += [f"{v}:{name}", count]
+            pairs += histogram_increments(f"{v}:{TTFT}", figures.ttft_ns)
+            pairs += histogram_increments(f"{v}:{ITL}", figures.itl_ns)
+        self._versions.clear()
+        return pairs
