@@ -19,7 +19,8 @@ from urllib.parse import parse_qsl
 import orjson
 from sluice.gateway.bulk_api import BulkUpload
 from sluice.gateway.core import GatewayCore, GatewayLimits, InferOutcome, RestInfer
-from sluice.gateway.job_operations import JobEvent, JobOperations, JobState
+from sluice.gateway.generate import GenerateInfer, generate, generate_stream
+from sluice.gateway.job_operations import JobEvent, JobOperations, JobResponses, JobState
 from sluice.gateway.outage import RETRY_AFTER_S
 from sluice.gateway.routing import Route, Router
 from sluice.shared.bulk import BulkStatus
@@ -77,6 +78,11 @@ def _rest_infer(request: HttpRequest) -> RestInfer:
     return RestInfer(
         request.body, encoding.decode() if encoding else None, headers.get(HEADER_LENGTH_KEY)
     )
+
+
+def _generate_infer(request: HttpRequest) -> GenerateInfer:
+    encoding = request.headers.get(b"content-encoding")
+    return GenerateInfer(request.body, encoding.decode() if encoding else None)
 
 
 def _job_state(state: JobState) -> HttpResponse:
@@ -188,6 +194,8 @@ class GatewayApp:
                 for route in (
                     Route(prefix, self._model_metadata),
                     Route(f"{prefix}/jobs/**", self._submit_job, POST),
+                    Route(f"{prefix}/generate/**", self._generate, POST),
+                    Route(f"{prefix}/generate_stream/**", self._generate_stream, POST),
                     Route(f"{prefix}/bulk/**", self._submit_bulk, POST),
                     Route(f"{prefix}/ready/**", self._model_ready),
                     Route(f"{prefix}/config/**", self._model_config),
@@ -270,6 +278,16 @@ class GatewayApp:
         )
         return infer_response(outcome)
 
+    async def _generate(self, request: HttpRequest, params: Params) -> HttpResponse:
+        infer = _generate_infer(request)
+        version = params.get("version")
+        return await generate(self.core, params["model"], version, infer, request.disconnected)
+
+    async def _generate_stream(self, request: HttpRequest, params: Params) -> HttpResponse:
+        infer, version = _generate_infer(request), params.get("version")
+        gone = request.disconnected
+        return await generate_stream(self.core, params["model"], version, infer, gone)
+
     async def _model_metadata(self, request: HttpRequest, params: Params) -> HttpResponse:
         return json_response(await self.core.model_metadata(params["model"], params.get("version")))
 
@@ -296,6 +314,8 @@ class GatewayApp:
 
     async def _get_job(self, request: HttpRequest, params: Params) -> HttpResponse:
         found = await self.jobs.get(params["job"], _wait_seconds(request.query))
+        if isinstance(found, JobResponses):
+            return json_response(found.to_json())
         return infer_response(found) if isinstance(found, InferOutcome) else _job_state(found)
 
     async def _cancel_job(self, request: HttpRequest, params: Params) -> HttpResponse:

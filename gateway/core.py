@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -288,7 +288,7 @@ class GatewayCore:
         version: str | None,
         infer: InferInput,
         client_gone: asyncio.Future[None] | None = None,
-    ) -> AsyncIterator[StreamedResponse]:
+    ) -> AsyncGenerator[StreamedResponse, None]:
         """Check and queue the request (what fails here raises at once), then its responses
         in order: a decoupled model's zero or more, any other model's one. `client_gone`
         resolving, or the caller leaving the iteration early, cancels the request."""
@@ -315,7 +315,7 @@ class GatewayCore:
         request: Request,
         results: AsyncGenerator[Result, None],
         client_gone: asyncio.Future[None] | None,
-    ) -> AsyncIterator[StreamedResponse]:
+    ) -> AsyncGenerator[StreamedResponse, None]:
         def cancel(_: object) -> None:
             self.dispatcher.cancel(model, request.id)
 
@@ -394,7 +394,7 @@ def streamed(model: str, version: int, request: ParsedInfer, result: Result) -> 
     return StreamedResponse(done, error, result.final, empty)
 
 
-async def _one_response(response: StreamedResponse) -> AsyncIterator[StreamedResponse]:
+async def _one_response(response: StreamedResponse) -> AsyncGenerator[StreamedResponse, None]:
     yield response
 
 

@@ -3,13 +3,15 @@
 A job is one Redis stream, `sluice:{job:<id>}`, created with a metadata entry and a TTL. The
 request goes to the model's queue like any other, with that stream as its reply route, so
 workers need nothing new: they append the result entry. Reading the job is an XRANGE;
-waiting for it is an XREAD that blocks on the stream, which any number of waiters can do.
+waiting for it is an XREAD that blocks on the stream, which any number of waiters can do. A
+decoupled model's job gets one entry per response; it is done with the final one.
 """
 
 from __future__ import annotations
 
+import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import msgpack
@@ -17,6 +19,7 @@ import redis.asyncio as aioredis
 from redis.typing import EncodableT, FieldT
 from sluice.gateway.dispatcher import Route
 from sluice.gateway.outage import RETRY_AFTER_S
+from sluice.gateway.response_order import ResponseOrder
 from sluice.shared import keys
 from sluice.shared.admission import enqueue_command, queue_full
 from sluice.shared.errors import InvalidInput, Unavailable
@@ -49,13 +52,37 @@ def new_job_id(client_id: str | None) -> str:
 class Job:
     id: str
     meta: dict[str, Any]
+    #: the answer that ended the job (a decoupled model's final response), None until then.
     result: Result | None
+    #: a decoupled model's responses so far, in order, each once (the final one included).
+    responses: list[Result] = field(default_factory=list)
 
     @property
     def status(self) -> str:
         if self.result is None:
-            return "queued"
+            return "running" if self.responses else "queued"
         return "done" if self.result.error is None else "failed"
+
+    @property
+    def streamed(self) -> bool:
+        """Answered by a decoupled model's responses (not one result, nor refused at once)."""
+        return bool(self.responses) and (self.result is None or self.result.seq is not None)
+
+
+def read_job(job_id: str, entries: Entries) -> Job | None:
+    """The job from its stream's entries: the metadata, then one result, or a decoupled
+    model's responses (put in order, each once, as a gateway delivers them)."""
+    if not entries or b"m" not in entries[0][1]:
+        return None
+    meta = msgpack.unpackb(entries[0][1][b"m"])
+    order = ResponseOrder()
+    for _, fields in entries[1:]:
+        for result in decode_results(fields):
+            if result.seq is None:  # one answer (or refused, cancelled): it ends the job
+                return Job(job_id, meta, result, list(order.ready))
+            order.receive(result)
+    responses = list(order.ready)
+    return Job(job_id, meta, responses[-1] if order.finished else None, responses)
 
 
 class JobStore:
@@ -91,20 +118,25 @@ class JobStore:
             raise Unavailable(f"queue unavailable: {exc}", RETRY_AFTER_S) from None
         return True
 
-    async def get(self, job_id: str, wait_s: float = 0.0) -> Job | None:
+    async def get(
+        self, job_id: str, wait_s: float = 0.0, more_than: int | None = None
+    ) -> Job | None:
+        """The job; with `wait_s`, waits that long for it to end, or (`more_than` given) for
+        more than that many responses of a decoupled model."""
         stream = keys.job_stream(job_id)
+        deadline = time.monotonic() + wait_s
         try:
-            entries = cast(Entries, await self.redis.xrange(stream, count=2))
-            if len(entries) == 1 and wait_s > 0:
-                await self.waiter.xread({stream: entries[0][0]}, block=int(wait_s * 1000))
-                entries = cast(Entries, await self.redis.xrange(stream, count=2))
+            while True:
+                entries = cast(Entries, await self.redis.xrange(stream))
+                job = read_job(job_id, entries)
+                left_ms = int((deadline - time.monotonic()) * 1000)
+                if job is None or job.result is not None or left_ms <= 0:
+                    return job
+                if more_than is not None and len(job.responses) > more_than:
+                    return job
+                await self.waiter.xread({stream: entries[-1][0]}, block=left_ms)
         except REDIS_ERRORS as exc:
             raise Unavailable(f"queue unavailable: {exc}", RETRY_AFTER_S) from None
-        if not entries or b"m" not in entries[0][1]:
-            return None
-        meta = msgpack.unpackb(entries[0][1][b"m"])
-        result = decode_results(entries[1][1])[0] if len(entries) > 1 else None
-        return Job(job_id, meta, result)
 
     async def cancel(self, job_id: str) -> int:
         """1: cancelled; 0: already finished; -1: unknown."""

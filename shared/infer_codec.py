@@ -152,7 +152,7 @@ def _input(item: Any, index: int, binary: memoryview, used: int) -> tuple[Tensor
         return Tensor(name, datatype, shape, data), used + size
     if "data" not in item:
         raise InvalidInput(f"{where}: has neither 'data' nor 'binary_data_size'")
-    return Tensor(name, datatype, shape, _json_data(item["data"], datatype, shape, where)), used
+    return Tensor(name, datatype, shape, json_data(item["data"], datatype, shape, where)), used
 
 
 def _check_binary_size(where: str, datatype: str, shape: tuple[int, ...], data: memoryview) -> None:
@@ -193,7 +193,9 @@ _JSON_TYPES: dict[str, type | tuple[type, ...]] = {
 }
 
 
-def _json_data(data: Any, datatype: str, shape: tuple[int, ...], where: str) -> bytes:
+def json_data(data: Any, datatype: str, shape: tuple[int, ...], where: str) -> bytes:
+    """A tensor's JSON values (nested lists, or one value) as its wire bytes; InvalidInput
+    when they do not fit `shape` or `datatype`."""
     flat = _flatten(data)
     if len(flat) != element_count(shape):
         raise InvalidInput(f"{where}: {len(flat)} values in 'data' for shape {list(shape)}")
@@ -231,7 +233,8 @@ def _outputs(raw: Any) -> dict[str, bool | None] | None:
     return wanted
 
 
-def _json_values(tensor: Tensor) -> Any:
+def json_values(tensor: Tensor) -> Any:
+    """A tensor's values, flat, for JSON (a list of strings, or a numpy array)."""
     if tensor.datatype == "BYTES":
         return [b.decode("utf-8", "replace") for b in deserialize_bytes_elements(tensor.data)]
     array = np.frombuffer(tensor.data, dtype=NUMPY_DTYPE[tensor.datatype])
@@ -263,7 +266,7 @@ def encode_response(
             }
             binaries.append(data)
         else:
-            item["data"] = _json_values(tensor)
+            item["data"] = json_values(tensor)
         items.append(item)
     body: dict[str, Any] = {"model_name": model, "model_version": str(version), "outputs": items}
     if request.id is not None:

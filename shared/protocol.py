@@ -247,18 +247,26 @@ def decode_results(fields: Fields) -> list[Result]:
     items, blob = _unpack_header(fields)
     results, offset = [], 0
     for item in items:
-        if not (isinstance(item, list) and len(item) in (3, 5) and isinstance(item[0], str)):
+        if not (isinstance(item, list) and isinstance(item[0] if item else None, str)):
             raise ProtocolError("malformed result header")
-        rid, heads, error = item[:3]
-        seq, final = (item[3], item[4]) if len(item) == 5 else (None, True)
-        if seq is not None and not (_is_int(seq) and seq >= 0 and isinstance(final, bool)):
-            raise ProtocolError("a streamed response needs a sequence number and a final flag")
+        streamed = len(item) == 5
+        if streamed:
+            rid, heads, error, seq, final = item
+            if not (_is_int(seq) and seq >= 0 and isinstance(final, bool)):
+                raise ProtocolError("a streamed response needs a sequence number and a final flag")
+        elif len(item) == 3:
+            rid, heads, error = item
+        else:
+            raise ProtocolError("malformed result header")
         if error is not None and not (
             isinstance(error, list) and len(error) == 2 and all(isinstance(e, str) for e in error)
         ):
             raise ProtocolError("result error must be [code, message]")
         outputs, offset = _cut_tensors(heads, blob, offset)
-        results.append(Result(rid, outputs, (error[0], error[1]) if error else None, seq, final))
+        failure = (error[0], error[1]) if error else None
+        results.append(
+            Result(rid, outputs, failure, seq, final) if streamed else Result(rid, outputs, failure)
+        )
     return results
 
 

@@ -4,6 +4,9 @@ generate / generate_stream on loopback, and asynchronous jobs; cancellation."""
 
 from __future__ import annotations
 
+import contextlib
+import http.client
+import json
 import queue
 import shutil
 from collections.abc import Iterator
@@ -17,6 +20,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import HERE, Service, serving_alone, wait_until
+from tests.test_jobs import _events as job_events
 
 MODELS = HERE / "decoupled_repo"
 
@@ -192,3 +196,171 @@ def test_a_cancelled_stream_stops_the_model(
     own.take(1)
     grpc_client.stop_stream(cancel_requests=True)
     wait_until(again.exists, "the second request to be cancelled too")
+
+
+# -- HTTP generate and generate_stream ----------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _post(service: Service, path: str, body: Any) -> Iterator[http.client.HTTPResponse]:
+    """A POST on a loopback connection of its own, closed on leaving."""
+    host, port = service.http_url.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        conn.request("POST", path, body=json.dumps(body).encode())
+        response = conn.getresponse()
+        try:
+            yield response
+        finally:
+            response.close()  # a streamed response holds the socket
+    finally:
+        conn.close()
+
+
+def _generate(service: Service, model: str, body: Any) -> tuple[int, dict[str, Any]]:
+    with _post(service, f"/v2/models/{model}/generate", body) as response:
+        return response.status, json.loads(response.read())
+
+
+def _events(response: http.client.HTTPResponse) -> list[dict[str, Any]]:
+    """Every `data: {...}` event until the server ends the stream."""
+    text = response.read().decode()
+    blocks = [b for b in text.split("\n\n") if b]
+    assert all(b.startswith("data: ") and "\n" not in b for b in blocks), text
+    return [json.loads(b.removeprefix("data: ")) for b in blocks]
+
+
+def test_generate_stream_sends_each_response_as_an_event(service: Service) -> None:
+    body = {"id": "g1", "IN": [3, 1, 4], "DELAY": [1, 1, 1], "parameters": {"WAIT": 0}}
+    with _post(service, "/v2/models/repeat/generate_stream", body) as response:
+        assert response.status == 200
+        assert response.getheader("content-type") == "text/event-stream; charset=utf-8"
+        events = _events(response)
+    assert events == [
+        {"id": "g1", "model_name": "repeat", "model_version": "1", "OUT": v, "IDX": i}
+        for i, v in enumerate([3, 1, 4])
+    ]
+
+
+def test_generate_maps_inputs_and_parameters_and_wants_one_response(service: Service) -> None:
+    """An ordinary model: `text_input` names an input, the other keys are parameters; the
+    versioned path too."""
+    body = {"text_input": "hello", "parameters": {"temperature": 0.5, "stream": False}}
+    status, answer = _generate(service, "echo/versions/1", body)
+    assert status == 200
+    assert answer == {
+        "model_name": "echo",
+        "model_version": "1",
+        "text_output": 'hello {"stream": false, "temperature": 0.5}',
+    }
+    body = {"IN": [1, 2], "DELAY": [0, 0], "WAIT": 0}
+    assert _generate(service, "repeat", body) == (200, {"error": NOT_ONE})
+    assert _generate(service, "repeat", {"IN": [8], "DELAY": [0], "WAIT": 0})[1]["OUT"] == 8
+
+
+def test_generate_refuses_what_does_not_fit(service: Service) -> None:
+    status, answer = _generate(service, "repeat", {"IN": [1], "DELAY": [0], "WAIT": [1, 2]})
+    assert status == 400
+    assert answer["error"] == "The schema can not convert input 'WAIT' to tensor with proper shape"
+    status, answer = _generate(service, "echo", {"text_input": "x", "nested": {"a": 1}})
+    assert status == 400 and "parameter 'nested'" in answer["error"]
+    status, answer = _generate(service, "nowhere", {"text_input": "x"})
+    assert status == 400 and "unknown model: 'nowhere'" in answer["error"]
+
+
+def test_generate_stream_errors_in_band_and_first_as_400(service: Service) -> None:
+    with _post(service, "/v2/models/mid_error/generate_stream", {"N": 2}) as response:
+        assert response.status == 200
+        assert _events(response) == [
+            {"model_name": "mid_error", "model_version": "1", "OUT": 2},
+            {"error": "out of tokens"},
+            {"model_name": "mid_error", "model_version": "1", "OUT": 3},
+        ]
+    with _post(service, "/v2/models/mid_error/generate_stream", {"N": -1}) as response:
+        assert response.status == 400
+        (event,) = _events(response)
+    assert "negative N" in event["error"]
+    status, answer = _generate(service, "mid_error", {"N": 1})
+    assert status == 400 and answer == {"error": "out of tokens"}
+
+
+def test_a_closed_generate_stream_stops_the_model(service: Service, tmp_path: Path) -> None:
+    marker = tmp_path / "stopped"
+    body = {"MARKER": str(marker)}
+    with _post(service, "/v2/models/until_cancelled/generate_stream", body) as response:
+        assert response.status == 200
+        assert response.readline().startswith(b"data: ")  # it runs
+    wait_until(marker.exists, "the model to see its request cancelled")
+
+
+NOT_ONE = (
+    "generate expects model to produce exactly 1 response, use generate stream for model "
+    "that generates various number of responses"
+)
+
+
+# -- asynchronous jobs ---------------------------------------------------------------------------
+
+
+def _call(service: Service, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    host, port = service.http_url.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        conn.request(method, path, body=None if body is None else json.dumps(body).encode())
+        response = conn.getresponse()
+        return response.status, json.loads(response.read() or b"null")
+    finally:
+        conn.close()
+
+
+def _repeat_job(job_id: str, values: list[int], delay_ms: int) -> dict[str, Any]:
+    n = len(values)
+    return {
+        "id": job_id,
+        "inputs": [
+            {"name": "IN", "datatype": "INT32", "shape": [n], "data": values},
+            {"name": "DELAY", "datatype": "UINT32", "shape": [n], "data": [delay_ms] * n},
+            {"name": "WAIT", "datatype": "UINT32", "shape": [1], "data": [0]},
+        ],
+    }
+
+
+def test_a_job_keeps_every_response_in_order(service: Service) -> None:
+    values = [5, 6, 7, 8]
+    assert _call(service, "POST", "/v2/models/repeat/jobs", _repeat_job("dj1", values, 1))[0] == 202
+    status, job = _call(service, "GET", "/v2/jobs/dj1?wait=30")
+    assert status == 200
+    assert (job["id"], job["status"], job["model_name"]) == ("dj1", "done", "repeat")
+    outs = [{o["name"]: o["data"] for o in r["outputs"]} for r in job["responses"]]
+    assert outs == [{"OUT": [v], "IDX": [i]} for i, v in enumerate(values)]
+
+
+def test_job_events_report_each_response(service: Service) -> None:
+    values = [1, 2, 3]
+    assert (
+        _call(service, "POST", "/v2/models/repeat/jobs", _repeat_job("dj2", values, 20))[0] == 202
+    )
+    events = job_events(service, "dj2")  # the stream ends after the last event
+    responses = [data for name, data in events if name == "response"]
+    assert [r["outputs"][0]["data"] for r in responses] == [[1], [2], [3]]
+    assert events[-1] == ("status", {"id": "dj2", "status": "done"})
+
+
+def test_cancelling_a_running_job_stops_its_model(service: Service, tmp_path: Path) -> None:
+    marker = tmp_path / "stopped"
+    body = {
+        "id": "dj3",
+        "inputs": [{"name": "MARKER", "datatype": "BYTES", "shape": [1], "data": [str(marker)]}],
+    }
+    assert _call(service, "POST", "/v2/models/until_cancelled/jobs", body)[0] == 202
+    wait_until(
+        lambda: _call(service, "GET", "/v2/jobs/dj3")[1]["status"] == "running",
+        "the job to run",
+    )
+    assert _call(service, "DELETE", "/v2/jobs/dj3")[0] == 200
+    wait_until(marker.exists, "the model to see its job cancelled")
+    status, job = _call(service, "GET", "/v2/jobs/dj3?wait=30")
+    assert status == 200 and job["status"] == "done"
+    assert [r["outputs"][0]["data"] for r in job["responses"]] == [
+        [i] for i in range(len(job["responses"]))
+    ]
