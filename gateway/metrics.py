@@ -25,10 +25,17 @@ from sluice.gateway.model_table import ModelTable
 from sluice.gateway.triton_exposition import Family, write
 from sluice.shared import keys
 from sluice.shared.http_messages import HttpRequest, HttpResponse
+from sluice.shared.registry import SEQUENCES
 from sluice.shared.stats import (
     DEAD_LETTERED,
     FAILURE_REASONS,
+    GENERATION_TOKENS,
+    ITL,
+    ITL_SUM,
+    PROMPT_TOKENS,
     RECLAIMED,
+    TTFT,
+    TTFT_SUM,
     VersionStats,
     histogram,
     parse_stats,
@@ -216,6 +223,48 @@ def _pending(stats: dict[tuple[str, str], VersionStats], table: ModelTable) -> F
     return family
 
 
+def _generation_metrics(
+    stats: dict[tuple[str, str], VersionStats], table: ModelTable
+) -> list[Metric]:
+    """Generative models' figures, named as vLLM names them (sluice_ for vllm:): time to first
+    token and inter-token latency, prompt and generated tokens, and the sequences running and
+    waiting on the fleet's workers (from their heartbeats)."""
+    generating = {k: s for k, s in sorted(stats.items()) if s.get(GENERATION_TOKENS)}
+    families: list[Metric] = []
+    for name, doc, prefix, field in (
+        ("sluice_time_to_first_token_seconds", "Time to the first token", TTFT, TTFT_SUM),
+        ("sluice_inter_token_latency_seconds", "Time between two tokens", ITL, ITL_SUM),
+    ):
+        histogram_family = HistogramMetricFamily(name, doc, labels=LABELS)
+        for (model, version), s in generating.items():
+            histogram_family.add_metric([model, version], histogram(s, prefix), s.get(field) / 1e9)
+        families.append(histogram_family)
+    for name, doc, field in (
+        ("sluice_prompt_tokens", "Prompt tokens read", PROMPT_TOKENS),
+        ("sluice_generation_tokens", "Tokens generated", GENERATION_TOKENS),
+    ):
+        counter = CounterMetricFamily(name, doc, labels=LABELS)
+        for (model, version), s in generating.items():
+            counter.add_metric([model, version], s.get(field))
+        families.append(counter)
+    sequences: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for member in table.members:
+        for model, (running, waiting) in member.info.get(SEQUENCES, {}).items():
+            sequences[model][0] += running
+            sequences[model][1] += waiting
+    for index, (name, doc) in enumerate(
+        (
+            ("sluice_num_requests_running", "Sequences generating on the workers"),
+            ("sluice_num_requests_waiting", "Sequences read by workers, waiting for a slot"),
+        )
+    ):
+        gauge = GaugeMetricFamily(name, doc, labels=["model"])
+        for model, counts in sorted(sequences.items()):
+            gauge.add_metric([model], counts[index])
+        families.append(gauge)
+    return families
+
+
 async def render(redis: aioredis.Redis, table: ModelTable) -> bytes:
     names = sorted(table.models)
     async with redis.pipeline(transaction=False) as pipe:
@@ -238,6 +287,7 @@ async def render(redis: aioredis.Redis, table: ModelTable) -> bytes:
     metrics: list[Metric] = [_batch_histogram(stats), *_latency_histograms(stats)]
     metrics += await _stream_gauges(redis, table)
     metrics += _recovery_counters(names, raws)
+    metrics += _generation_metrics(stats, table)
     registry = CollectorRegistry()
     registry.register(_Snapshot(metrics))
     return write([*nv, *device_families(table.members)]) + generate_latest(registry)

@@ -17,6 +17,8 @@ import msgpack
 HEARTBEAT_INTERVAL_S = 1.0
 #: a member whose heartbeat is older than this is gone.
 MEMBER_TTL_S = 5.0
+#: a worker's info key: model -> [running, waiting] sequences of its generative models.
+SEQUENCES = "sequences"
 
 
 #: a model's states on a worker, as Triton's repository index names them.

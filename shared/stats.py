@@ -199,6 +199,12 @@ LATENCY_BUCKETS_S = (
 )
 _BUCKET_BOUNDS_NS = [int(b * 1e9) for b in LATENCY_BUCKETS_S]
 
+#: a generative model's fields (after "<version>:"): time-to-first-token and inter-token
+#: latency histograms (per-bucket counts under these prefixes, sums in nanoseconds), tokens.
+TTFT, TTFT_SUM = "ht", "ttft_ns"
+ITL, ITL_SUM = "hi", "itl_ns"
+PROMPT_TOKENS, GENERATION_TOKENS = "prompt_tokens", "generation_tokens"
+
 #: fields kept for the whole model, not per version.
 RECLAIMED = "all:reclaimed"
 DEAD_LETTERED = "all:dead_lettered"

@@ -1,23 +1,22 @@
 """In-flight batching end to end: the example charlm (iterative, decoupled) served by `sluice
 serve`, one response per character through tritonclient.grpc streaming; a short request
 finishes while a long one runs; a cancelled sequence frees its slot; the tokens are counted
-in the model's statistics."""
+in the metrics."""
 
 from __future__ import annotations
 
 import queue
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-import redis
 import tritonclient.grpc as grpcclient
-from sluice.shared.stats import read_stats_command, stats_hash
 
 from tests.charlm import build_charlm, greedy_texts
-from tests.conftest import Service, serving_alone
+from tests.conftest import Service, serving_alone, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -117,15 +116,29 @@ def test_a_cancelled_sequence_frees_its_slot(served: tuple[Service, Path]) -> No
     assert [final for _, _, final in taken] == [False, False, False, True]
 
 
-def test_tokens_are_counted_in_the_model_statistics(served: tuple[Service, Path]) -> None:
+def _metrics(service: Service) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://{service.metrics_url}/metrics").read().decode()
+    samples = (line.rsplit(" ", 1) for line in text.splitlines() if line.startswith("sluice_"))
+    return {name: float(value) for name, value in samples}
+
+
+def test_generation_metrics_as_llm_servers_name_them(served: tuple[Service, Path]) -> None:
     service, _ = served
     test_a_stream_gets_one_response_per_character(served)
-    client = redis.Redis.from_url(service.redis_url)
-    try:
-        stats = stats_hash(client.execute_command(*read_stats_command("charlm")))
-    finally:
-        client.close()
-    assert int(stats[b"1:generation_tokens"]) >= 30
-    assert int(stats[b"1:prompt_tokens"]) >= 5
-    ttft = sum(int(v) for k, v in stats.items() if k.startswith(b"1:ht"))
-    assert ttft >= 1  # one first token per request
+    labels = '{model="charlm",version="1"}'
+    wanted = [
+        f"sluice_generation_tokens_total{labels}",
+        f"sluice_prompt_tokens_total{labels}",
+        f"sluice_time_to_first_token_seconds_count{labels}",
+        f"sluice_inter_token_latency_seconds_count{labels}",
+        'sluice_num_requests_running{model="charlm"}',
+        'sluice_num_requests_waiting{model="charlm"}',
+    ]
+    wait_until(lambda: all(name in _metrics(service) for name in wanted), "generation metrics")
+    metrics = _metrics(service)
+    assert metrics[f"sluice_generation_tokens_total{labels}"] >= 30
+    assert metrics[f"sluice_prompt_tokens_total{labels}"] >= 5  # "The " and its start
+    # one first token per request, every other token one gap
+    firsts = metrics[f"sluice_time_to_first_token_seconds_count{labels}"]
+    gaps = metrics[f"sluice_inter_token_latency_seconds_count{labels}"]
+    assert firsts + gaps == metrics[f"sluice_generation_tokens_total{labels}"]

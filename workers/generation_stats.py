@@ -13,13 +13,15 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from sluice.shared.protocol import Request
-from sluice.shared.stats import histogram_increments
-
-#: statistics-hash fields (after "<version>:").
-TTFT, ITL = "ht", "hi"
-PROMPT_TOKENS, GENERATION_TOKENS = "prompt_tokens", "generation_tokens"
-#: the histograms' sums, in nanoseconds.
-TTFT_SUM, ITL_SUM = "ttft_ns", "itl_ns"
+from sluice.shared.stats import (
+    GENERATION_TOKENS,
+    ITL,
+    ITL_SUM,
+    PROMPT_TOKENS,
+    TTFT,
+    TTFT_SUM,
+    histogram_increments,
+)
 
 
 @dataclass(slots=True)

@@ -26,6 +26,7 @@ from sluice.shared.model_config import ModelSpec
 from sluice.shared.redis_client import REDIS_ERRORS, async_client
 from sluice.shared.registry import (
     HEARTBEAT_INTERVAL_S,
+    SEQUENCES,
     Member,
     ModelStatus,
     encode_model_record,
@@ -36,6 +37,7 @@ from sluice.shared.tasks import stop_tasks
 from sluice.workers.backends import Infer, complete_config
 from sluice.workers.device_sampler import DeviceSampler
 from sluice.workers.health import HEALTH_SHUTDOWN_S, serve_health
+from sluice.workers.inflight_loop import InflightLoop
 from sluice.workers.model_manager import ModelManager
 from sluice.workers.model_queue import ModelQueue
 from sluice.workers.python_backend import bls
@@ -193,6 +195,11 @@ class Worker:
                     for q in queues
                 },
                 DEVICE_METRICS: self.sampler.latest,
+                SEQUENCES: {
+                    q.spec.name: [q.batching.stats.running, q.batching.stats.waiting]
+                    for q in queues
+                    if isinstance(q.batching, InflightLoop)
+                },
             },
             self.manager.scope() if self.manager is not None else [],
         )
