@@ -139,9 +139,9 @@ def shard_split(commands: dict[str, tuple[int, int]]) -> float:
     return model / total if total else 1.0
 
 
-def model_counts(http: str) -> tuple[int, int]:
+def model_counts(http: str, model: str = MODEL) -> tuple[int, int]:
     """(inferences, executions) of the model so far, from the Triton statistics endpoint."""
-    with urllib.request.urlopen(f"http://{http}/v2/models/{MODEL}/stats", timeout=10) as r:
+    with urllib.request.urlopen(f"http://{http}/v2/models/{model}/stats", timeout=10) as r:
         stats = json.load(r)["model_stats"]
     return (
         sum(int(s["inference_count"]) for s in stats),

