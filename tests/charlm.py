@@ -57,6 +57,9 @@ class _Texts:
     def is_cancelled(self, request_id: str) -> bool:
         return False
 
+    def end(self, request: Request, error: Any) -> bool:
+        raise AssertionError(error)
+
 
 async def _inline(call: Any) -> Any:
     return call()

@@ -85,6 +85,10 @@ class Sent:
     def is_cancelled(self, request_id: str) -> bool:
         return request_id in self.cancelled
 
+    def end(self, request: Request, error: SluiceError) -> bool:
+        self.send_tensors(request, [], error, final=True)
+        return True
+
     def of(self, request_id: str) -> list[tuple[int | str, bool]]:
         return [(value, final) for rid, value, final in self.log if rid == request_id]
 

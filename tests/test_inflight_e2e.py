@@ -6,6 +6,7 @@ in the metrics."""
 from __future__ import annotations
 
 import queue
+import textwrap
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,45 @@ import tritonclient.grpc as grpcclient
 
 from tests.charlm import build_charlm, greedy_texts
 from tests.conftest import Service, serving_alone, wait_until
+
+#: Triton's interface: a decoupled Python model rescheduled until it has sent N responses.
+COUNTDOWN = textwrap.dedent(
+    """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            self.sent = {}
+
+        def execute(self, requests):
+            for request in requests:
+                n = pb_utils.get_input_tensor_by_name(request, "N").as_numpy().item()
+                done = self.sent.pop(request.request_id(), 0) + 1
+                out = pb_utils.InferenceResponse(
+                    [pb_utils.Tensor("OUT", np.array([[done]], np.int32))]
+                )
+                sender = request.get_response_sender()
+                if done < n:
+                    self.sent[request.request_id()] = done
+                    sender.send(out)
+                    request.set_release_flags(
+                        pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
+                    )
+                else:
+                    sender.send(out, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    """
+)
+COUNTDOWN_CONFIG = """
+name: "countdown"
+backend: "python"
+max_batch_size: 4
+input [ { name: "N", data_type: TYPE_INT32, dims: [ 1 ] } ]
+output [ { name: "OUT", data_type: TYPE_INT32, dims: [ 1 ] } ]
+sequence_batching { iterative_sequence: true }
+model_transaction_policy { decoupled: true }
+"""
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +73,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service, 
         "max_batch_size: 16", "max_batch_size: 1"
     )
     (one / "config.pbtxt").write_text(config)
+    (repo / "countdown" / "1").mkdir(parents=True)
+    (repo / "countdown" / "1" / "model.py").write_text(COUNTDOWN)
+    (repo / "countdown" / "config.pbtxt").write_text(COUNTDOWN_CONFIG)
     with serving_alone(repo) as service:
         yield service, model_dir
 
@@ -142,3 +185,33 @@ def test_generation_metrics_as_llm_servers_name_them(served: tuple[Service, Path
     firsts = metrics[f"sluice_time_to_first_token_seconds_count{labels}"]
     gaps = metrics[f"sluice_inter_token_latency_seconds_count{labels}"]
     assert firsts + gaps == metrics[f"sluice_generation_tokens_total{labels}"]
+
+
+def test_a_triton_model_rescheduling_its_requests_runs_in_flight(
+    served: tuple[Service, Path],
+) -> None:
+    service, _ = served
+
+    def count(n: int) -> list[grpcclient.InferInput]:
+        tensor = grpcclient.InferInput("N", [1, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[n]], np.int32))
+        return [tensor]
+
+    with grpcclient.InferenceServerClient(service.grpc_url) as client:
+        results: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        client.async_stream_infer("countdown", count(300), request_id="long")
+        client.async_stream_infer("countdown", count(2), request_id="short")
+        got: dict[str, list[int]] = {"long": [], "short": []}
+        finals = []
+        while len(finals) < 2:
+            result, error = results.get(timeout=60)
+            assert error is None, error
+            rid = result.get_response().id
+            got[rid].append(int(result.as_numpy("OUT").item()))
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                finals.append((rid, len(got["long"])))
+        client.stop_stream()
+    assert got == {"long": list(range(1, 301)), "short": [1, 2]}
+    (first, long_so_far), (second, _) = finals
+    assert (first, second) == ("short", "long") and long_so_far < 300

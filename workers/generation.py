@@ -50,13 +50,16 @@ class Prompt:
 
     inputs: Mapping[str, np.ndarray]
     parameters: Mapping[str, Any]
+    #: the request itself (its id, for a model that keeps state per request).
+    request: Request
 
 
 @runtime_checkable
 class GenerativeModel(Protocol):
     def prefill(self, prompts: Sequence[Prompt]) -> Any: ...
 
-    def step(self, state: Any) -> tuple[Mapping[str, Any], Sequence[bool]]: ...
+    #: outputs None: the model answered its requests itself (workers/triton_iterative.py).
+    def step(self, state: Any) -> tuple[Mapping[str, Any] | None, Sequence[bool]]: ...
 
     def join(self, state: Any, joining: Any) -> Any: ...
 
@@ -79,6 +82,12 @@ class GenerativeInstance:
     def __call__(self, inputs: dict[str, Any]) -> dict[str, Any]:
         raise ModelExecutionError("a generative model runs only through its in-flight loop")
 
+    def close(self) -> None:
+        """Let the model go (a Triton Python model's `finalize()` runs)."""
+        close = getattr(self.model, "close", None)
+        if close is not None:
+            close()
+
 
 class Responses(Protocol):
     """Where a sequence's responses go: the model queue's ResponseStream (workers/streamed.py),
@@ -92,6 +101,8 @@ class Responses(Protocol):
         final: bool = False,
     ) -> None: ...
 
+    def end(self, request: Request, error: SluiceError) -> bool: ...
+
     def is_cancelled(self, request_id: str) -> bool: ...
 
 
@@ -104,7 +115,7 @@ def prompt_of(request: Request) -> Prompt:
         else:
             array = np.frombuffer(tensor.data, dtype=NUMPY_DTYPE[tensor.datatype])
         inputs[tensor.name] = array.reshape(tensor.shape)
-    return Prompt(inputs, request.parameters)
+    return Prompt(inputs, request.parameters, request)
 
 
 def max_tokens(spec: ModelSpec, parameters: Mapping[str, Any]) -> int:
@@ -199,7 +210,9 @@ class Generation:
         try:
             outputs, finished = await self.run(lambda: self.model.step(self.state))
             requests = [s.item for s in running]
-            rows = split(self.spec, requests, [1] * len(running), dict(outputs))
+            rows = None
+            if outputs is not None:
+                rows = split(self.spec, requests, [1] * len(running), dict(outputs))
             if len(finished) != len(running):
                 raise ModelExecutionError(
                     f"model '{self.spec.name}' finished {len(finished)} rows of {len(running)}"
@@ -207,6 +220,11 @@ class Generation:
         except Exception as exc:
             self.state = None
             self._fail(self.scheduler.fail_running(), exc)
+            return
+        if rows is None:  # answered by the model itself
+            for sequence, stopped in zip(running, finished, strict=True):
+                if stopped:
+                    self.scheduler.finish(sequence.key)
             return
         now = self.clock()
         for sequence, tensors, stopped in zip(running, rows, finished, strict=True):
@@ -229,5 +247,6 @@ class Generation:
             self._end(sequence.item, error)
 
     def _end(self, request: Request, error: SluiceError) -> None:
+        """The request's final response, an error (unless its model already sent one)."""
         self.progress.pop(request.id, None)
-        self.responses.send_tensors(request, [], error, final=True)
+        self.responses.end(request, error)

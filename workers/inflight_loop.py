@@ -32,6 +32,7 @@ from sluice.workers.instances import Instances
 from sluice.workers.pending import Queued
 from sluice.workers.queue_state import QueueState
 from sluice.workers.streamed import ResponseStream
+from sluice.workers.triton_iterative import TritonIterative
 
 #: the model parameter that sets an iteration's token budget (0 or absent: none).
 TOKEN_BUDGET = "MAX_NUM_BATCHED_TOKENS"
@@ -68,6 +69,11 @@ class InflightLoop:
         self._pool = ThreadPoolExecutor(
             spec.instance_count, thread_name_prefix=spec.name, initializer=adopt_torch_threads
         )
+        for lanes in instances.by_version.values():
+            for infer in lanes:  # a Triton model's requests answer through their senders
+                model = _generative(infer)
+                if isinstance(model, TritonIterative):
+                    model.instance.responses = responses
         #: version -> one generation per instance.
         self.generations: dict[int, list[Generation]] = {
             version: [

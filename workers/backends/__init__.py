@@ -103,8 +103,10 @@ def complete_config(cfg: ModelConfig, model_dir: Path) -> None:
 
 
 def close_instance(infer: Infer) -> None:
-    """Let an instance go: a Triton Python model's `finalize()` runs."""
-    if isinstance(infer, TritonInstance):
+    """Let an instance go: a Triton Python model's `finalize()` runs (an iterative one's too)."""
+    from sluice.workers.generation import GenerativeInstance  # it imports this module
+
+    if isinstance(infer, TritonInstance | GenerativeInstance):
         infer.close()
 
 

@@ -27,6 +27,7 @@ from sluice.workers.python_backend.loading import (
     import_model_file,
     triton_instance,
 )
+from sluice.workers.triton_iterative import TritonIterative
 
 __all__ = ["ModelContext", "complete_config", "load_instance"]
 
@@ -52,7 +53,8 @@ def load_instance(
     module = import_model_file(spec.name, version, path, str(index))
     triton_class = getattr(module, "TritonPythonModel", None)
     if triton_class is not None:
-        return triton_instance(spec, model_dir, version, device, index, triton_class, path)
+        triton = triton_instance(spec, model_dir, version, device, index, triton_class, path)
+        return _generative(spec, TritonIterative(triton), path) if iterative(spec) else triton
     model_class = getattr(module, "Model", None)
     if model_class is None:
         raise ModelConfigError(

@@ -97,6 +97,10 @@ class TritonInstance:
             model_dir.reset(token)
         return [self._answer(r, response) for r, response in zip(requests, responses, strict=True)]
 
+    def server_request(self, request: Request) -> InferenceRequest:
+        """`request` as `execute` gets it, with its response sender if decoupled."""
+        return InferenceRequest.from_request(request, self._all_outputs, self._sender(request))
+
     def _failure(self, message: str) -> ModelExecutionError:
         return ModelExecutionError(
             f"Failed to process the request(s) for model '{self.name}', message: {message}"

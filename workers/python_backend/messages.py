@@ -102,6 +102,9 @@ class InferenceRequest:
         self._timeout = timeout
         self._parameters = _parameters_json(parameters)
         self._sender: Any = None
+        #: an iterative model's request may be rescheduled; what its model last asked for.
+        self.reschedulable = False
+        self.release_flags = RELEASE_ALL
 
     @classmethod
     def from_request(
@@ -153,8 +156,11 @@ class InferenceRequest:
         return bool(self._sender is not None and self._sender.is_cancelled())
 
     def set_release_flags(self, flags: int) -> None:
-        if flags != RELEASE_ALL:
+        """RELEASE_RESCHEDULE keeps an iterative model's request for its next execute
+        (workers/triton_iterative.py); other models cannot reschedule."""
+        if flags != RELEASE_ALL and not self.reschedulable:
             raise TritonModelException("request rescheduling is not supported by sluice")
+        self.release_flags = flags
 
     def get_response_sender(self) -> Any:
         """The request's InferenceResponseSender (decoupled models only, in sluice)."""

@@ -1,0 +1,75 @@
+"""Triton's in-flight batching for Python models: a decoupled `TritonPythonModel` under
+`sequence_batching { iterative_sequence: true }`, driven by the same generation loop as
+sluice's own generative contract (workers/generation.py).
+
+Every iteration calls `execute` with the instance's running requests, the joining ones after
+those kept. The model answers through each request's response sender, and calls
+`request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)` on those it
+wants again: the others leave the running set (a request the model releases must have had
+its final response, as in Triton). `execute` must return None; an `async def execute` is
+waited for, since the next iteration needs its release flags.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+from sluice.shared.errors import ModelExecutionError
+from sluice.workers.generation import Prompt
+from sluice.workers.python_backend.instance import TritonInstance
+from sluice.workers.python_backend.messages import (
+    RELEASE_ALL,
+    RELEASE_RESCHEDULE,
+    InferenceRequest,
+)
+from sluice.workers.python_backend.pb_utils import model_dir
+
+
+class TritonIterative:
+    """A Triton Python model's instance with the generative contract; the state is the
+    running requests as `execute` gets them."""
+
+    def __init__(self, instance: TritonInstance) -> None:
+        self.instance = instance
+
+    def prefill(self, prompts: Sequence[Prompt]) -> list[InferenceRequest]:
+        joining = [self.instance.server_request(p.request) for p in prompts]
+        for request in joining:
+            request.reschedulable = True
+        return joining
+
+    def step(self, state: list[InferenceRequest]) -> tuple[None, list[bool]]:
+        for request in state:
+            request.release_flags = RELEASE_ALL
+        token = model_dir.set(self.instance.version_dir)
+        try:
+            returned = self.instance.model.execute(state)
+            if inspect.iscoroutine(returned):
+                returned = asyncio.run(returned)
+        except Exception as exc:  # the model's code: every running request fails
+            raise self._failure(f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            model_dir.reset(token)
+        if returned is not None:
+            raise self._failure(
+                f"Python model '{self.instance.name}' is using the decoupled mode and the "
+                "execute function must return None."
+            )
+        return None, [r.release_flags & RELEASE_RESCHEDULE == 0 for r in state]
+
+    def join(self, state: list[InferenceRequest], joining: list[Any]) -> list[InferenceRequest]:
+        return [*state, *joining]
+
+    def keep(self, state: list[InferenceRequest], rows: list[int]) -> list[InferenceRequest]:
+        return [state[row] for row in rows]
+
+    def close(self) -> None:
+        self.instance.close()
+
+    def _failure(self, message: str) -> ModelExecutionError:
+        return ModelExecutionError(
+            f"Failed to process the request(s) for model '{self.instance.name}', message: {message}"
+        )
