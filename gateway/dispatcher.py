@@ -40,7 +40,9 @@ from sluice.shared.redis_wire import Command, Wire, stream_entries, xadd
 
 log = logging.getLogger(__name__)
 
-#: trim the reply stream once this many entries have been read since the last trim.
+#: trim the reply stream once this many entries have been read since the last trim. The trim is
+#: approximate (MINID ~): Redis drops whole nodes of read entries and never edits a node in
+#: place; at most a node's worth of read entries stays behind until the next trim.
 TRIM_EVERY_ENTRIES = 64
 REPLY_READ_BLOCK_MS = 1000
 #: reconnect attempts start this far apart and back off up to the cap.
@@ -417,7 +419,7 @@ class Dispatcher:
                 self._reread_replies, last_id = False, b"0-0"
             try:
                 if unread_trim >= TRIM_EVERY_ENTRIES:
-                    await self.reader.xtrim(self.reply_stream, minid=last_id, approximate=False)
+                    await self.reader.xtrim(self.reply_stream, minid=last_id, approximate=True)
                     unread_trim = 0
                 reply = await self._reads.call(
                     *("XREAD", "COUNT", 256, "BLOCK", REPLY_READ_BLOCK_MS),

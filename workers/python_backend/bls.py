@@ -189,7 +189,7 @@ class BlsClient:
             while True:
                 try:
                     if unread_trim >= TRIM_EVERY_ENTRIES:
-                        await reader.xtrim(self.reply_stream, minid=last_id, approximate=False)
+                        await reader.xtrim(self.reply_stream, minid=last_id, approximate=True)
                         unread_trim = 0
                     reply = await reader.xread(
                         {self.reply_stream: last_id}, count=256, block=REPLY_BLOCK_MS
