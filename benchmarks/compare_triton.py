@@ -34,6 +34,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import redis
 import torch
@@ -324,6 +325,14 @@ def report(alone: list[dict[int, float]], rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def record_results(results: Path, text: str, name: str, record: dict[str, Any]) -> None:
+    """Append `text` to the results file (its dated log ends it), the figures to out/NAME.json."""
+    previous = results.read_text() if results.exists() else "# Benchmark results\n\n"
+    results.write_text(previous.rstrip() + "\n\n" + text)
+    (results.parent / "out").mkdir(exist_ok=True)
+    (results.parent / "out" / f"{name}.json").write_text(json.dumps(record, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--concurrency", default="1,8,32,64")
@@ -351,11 +360,7 @@ def main() -> None:
         measure_alone()
     text = report(alone, rows)
     print(text)
-    previous = args.results.read_text() if args.results.exists() else "# Benchmark results\n\n"
-    args.results.write_text(previous.rstrip() + "\n\n" + text)
-    (args.results.parent / "out").mkdir(exist_ok=True)
-    record = {"model_alone": alone, "rows": rows}
-    (args.results.parent / "out" / "compare_triton.json").write_text(json.dumps(record, indent=1))
+    record_results(args.results, text, "compare_triton", {"model_alone": alone, "rows": rows})
 
 
 if __name__ == "__main__":
