@@ -40,7 +40,8 @@ SETTINGS = {
     "@batch infer function",
     "ray": "@serve.batch(max_batch_size=64, batch_wait_timeout_s=0.001), 1 replica, "
     "max_ongoing_requests raised from its default 5 to 64 (5 caps batches at 5); "
-    "node IP 127.0.0.1, no dashboard",
+    "node IP 127.0.0.1, no dashboard; its replica's inter-deployment gRPC server binds [::] "
+    "whatever the settings (unused here: the proxy calls the replica through Ray)",
     "bentoml": "@bentoml.api(batchable=True, max_batch_size=64), 1 worker; adaptive "
     "dispatcher, no window to set (max_latency_ms left at its default)",
     "litserve": "LitAPI(max_batch_size=64, batch_timeout=0.001), 1 CPU worker, "
