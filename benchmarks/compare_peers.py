@@ -99,6 +99,7 @@ def targets_of(server: Server, row: np.ndarray) -> list[Target]:
 def check_answers(targets: list[Target], expected: np.ndarray) -> None:
     """Wait until the server answers, then check every protocol's answer against the model."""
     server, deadline = targets[0].server, time.monotonic() + READY_TIMEOUT_S
+    last = "no answer"
     while True:
         if server.process.poll() is not None:
             raise RuntimeError(f"exited ({server.process.returncode}): {server.tail()}")
@@ -106,12 +107,13 @@ def check_answers(targets: list[Target], expected: np.ndarray) -> None:
             status, body = exchange(targets[0].address, targets[0].request)
             if status == 200:
                 break
-            if 400 <= status < 500 and status != 404:  # 404: a route not yet deployed
-                raise RuntimeError(f"HTTP {status}: {body[:300]!r}")
-        except (OSError, *ERRORS):
-            pass
+            last = f"HTTP {status}: {body[:300]!r}"
+            if status == 422:  # a route that can never take this body
+                raise RuntimeError(last)
+        except (OSError, *ERRORS) as exc:
+            last = f"{type(exc).__name__}: {exc}"
         if time.monotonic() > deadline:
-            raise RuntimeError(f"not answering after {READY_TIMEOUT_S} s: {server.tail()}")
+            raise RuntimeError(f"not answering after {READY_TIMEOUT_S} s ({last}): {server.tail()}")
         time.sleep(1)
     for target in targets:
         status, body = exchange(target.address, target.request)
