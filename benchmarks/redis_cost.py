@@ -188,6 +188,9 @@ class Level:
     us_per_inference: float
     us_per_batch: float
     commands_per_inference: float
+    #: client events Redis served (socket reads and writes), per executed batch
+    reads_per_batch: float
+    writes_per_batch: float
     mb_per_core_s: float
     top: str
 
@@ -211,10 +214,17 @@ def measure(side: Side, payload: int, concurrency: int, window_s: float) -> Leve
         warmup_s=1.0,
         input_data="zeros",
     )
-    counts0, snap0 = model_counts(side.http, model), snapshot(side.client)
+    counts0, snap0, io0 = model_counts(side.http, model), snapshot(side.client), events(side)
     level = run_bench(settings, lambda *_: None).levels[0]
-    counts1, snap1 = model_counts(side.http, model), snapshot(side.client)
-    return summarise(side.label, payload, level, counts0, counts1, snap0, snap1, idle)
+    counts1, snap1, io1 = model_counts(side.http, model), snapshot(side.client), events(side)
+    io = (io1[0] - io0[0], io1[1] - io0[1])
+    return summarise(side.label, payload, level, counts0, counts1, snap0, snap1, idle, io)
+
+
+def events(side: Side) -> tuple[int, int]:
+    """Socket reads and writes Redis has served so far (INFO stats)."""
+    stats = side.client.info("stats")
+    return int(stats["total_reads_processed"]), int(stats["total_writes_processed"])
 
 
 def summarise(
@@ -226,6 +236,7 @@ def summarise(
     snap0: RedisSnapshot,
     snap1: RedisSnapshot,
     idle_per_s: float,
+    io: tuple[int, int],
 ) -> Level:
     inferences, executions = counts1[0] - counts0[0], counts1[1] - counts0[1]
     n, batches = max(1, inferences), max(1, executions)
@@ -249,6 +260,8 @@ def summarise(
         us_per_inference=cpu_us / n,
         us_per_batch=cpu_us / batches,
         commands_per_inference=sum(calls for calls, _ in top_level.values()) / n,
+        reads_per_batch=io[0] / batches,
+        writes_per_batch=io[1] / batches,
         mb_per_core_s=(2 * (payload or 2048) * inferences / 1e6) / max(1e-9, cpu_us / 1e6),
         top=top,
     )
@@ -266,14 +279,16 @@ def size(payload: int) -> str:
 def table(levels: list[Level]) -> str:
     head = (
         "| code | payload | infer/s | p99 ms | mean batch | Redis µs/inference | Redis µs/batch "
-        "| commands/inference | Redis MB/s per core | costliest (µs per call x calls per batch) |"
+        "| commands/inference | Redis reads/writes per batch | Redis MB/s per core "
+        "| costliest (µs per call x calls per batch) |"
     )
-    rows = [head, "|" + "---|" * 10]
+    rows = [head, "|" + "---|" * 11]
     for lv in levels:
         rows.append(
             f"| {lv.label} | {size(lv.payload)} | {lv.throughput:,.0f} | {lv.p99_ms:.1f} "
             f"| {lv.batch:.1f} | {lv.us_per_inference:.1f} | {lv.us_per_batch:.0f} "
-            f"| {lv.commands_per_inference:.3f} | {lv.mb_per_core_s:,.0f} | {lv.top} |"
+            f"| {lv.commands_per_inference:.3f} | {lv.reads_per_batch:.2f} / "
+            f"{lv.writes_per_batch:.2f} | {lv.mb_per_core_s:,.0f} | {lv.top} |"
         )
     return "\n".join(rows)
 
@@ -345,7 +360,7 @@ def report(level: Level) -> Level:
         f"{level.label:>14} {size(level.payload):>10}: {level.throughput:8.0f} infer/s, "
         f"batch {level.batch:4.1f}, Redis {level.us_per_inference:6.1f} µs/inference "
         f"{level.us_per_batch:6.0f} µs/batch, {level.commands_per_inference:.3f} "
-        f"cmds/inference; {level.top}",
+        f"cmds/inference, {level.reads_per_batch:.2f} reads/batch; {level.top}",
         flush=True,
     )
     return level
