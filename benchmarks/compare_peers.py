@@ -228,10 +228,18 @@ def reference(repo: Path, row: np.ndarray) -> np.ndarray:
 
 
 def commit() -> str:
-    done = subprocess.run(
-        ["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True, text=True
-    )
-    return done.stdout.strip() or "?"
+    """HEAD, and the files of sluice's own code that differ from it (the tree is what ran)."""
+    git = ["git", "-C", str(ROOT)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    changed = subprocess.run(
+        [*git, "status", "--porcelain", "-uno", "--", "sluice", "gateway", "workers", "shared"],
+        capture_output=True,
+        text=True,
+    ).stdout.split("\n")
+    paths = [line[3:] for line in changed if line.strip()]
+    if not paths:
+        return head.stdout.strip()
+    return f"{head.stdout.strip()} with uncommitted changes to " + ", ".join(paths)
 
 
 def main() -> None:
@@ -252,7 +260,7 @@ def main() -> None:
         subprocess.run([sys.executable, str(ROOT / "examples" / "build_models.py")], check=True)
     repo = mlp_repository(lambda config: config)
     row = np.random.default_rng(0).random((1, 512)).astype(np.float32)
-    load_before = os.getloadavg()
+    load_before, revision = os.getloadavg(), commit()
     servers, targets, failed = start_all(peers, repo, row, reference(repo, row))
     rows: list[dict[str, Any]] = []
     idle: dict[str, float] = {}
@@ -269,8 +277,8 @@ def main() -> None:
             stop(server)
     meta = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": "python benchmarks/compare_peers.py " + " ".join(sys.argv[1:]),
-        "commit": commit(),
+        "command": " ".join(["python benchmarks/compare_peers.py", *sys.argv[1:]]),
+        "commit": revision,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "load_before": " ".join(f"{v:.2f}" for v in load_before),
         "load_after": " ".join(f"{v:.2f}" for v in os.getloadavg()),

@@ -64,6 +64,7 @@ def test_benchmarks_and_test_helpers_import_no_cycle() -> None:
     graph = {name: _imports(path, known) for name, path in known.items()}
     assert graph["soak"] >= {"soak_report", "soak_tally"}  # the walk sees bare sibling names
     assert "tests.conftest" in graph["chaos"]  # and the tests' helpers
+    assert graph["compare_peers"] >= {"compare_triton", "peer_load", "peer_report", "peer_servers"}
     cycle = _cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
@@ -95,3 +96,18 @@ def test_every_benchmarks_module_imports() -> None:
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=240
     )
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_peer_comparison_imports_no_peer_here() -> None:
+    """compare_peers runs from sluice's own venv: the peers live in venvs of their own (--setup)."""
+    peers = ["ray", "bentoml", "litserve", "pytriton"]
+    code = (
+        f"import sys; sys.path[:0] = [{str(BENCHMARKS)!r}, {str(ROOT)!r}]\n"
+        "import compare_peers\n"
+        f"print(sorted(set({peers!r}) & set(sys.modules)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
