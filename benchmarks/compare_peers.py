@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
 from compare_triton import EXAMPLES, ROOT, mlp_repository, record_results, server_stats  # noqa: E402
-from peer_load import ERRORS, Load, closed_loop, exchange, tree_cpu_s  # noqa: E402
+from peer_load import ERRORS, Load, Point, closed_loop, exchange, merged, tree_cpu_s  # noqa: E402
 from peer_report import report  # noqa: E402
 from peer_servers import INSTALLS, SETTINGS, Server, listening, setup, start, stop, venv_python  # noqa: E402
 from peer_servers import version as peer_version  # noqa: E402
@@ -132,42 +132,85 @@ def executed(server: Server) -> tuple[int, int]:
     return server.batches()
 
 
-def measure(target: Target, concurrency: int, warmup_s: float, seconds: float) -> dict[str, Any]:
-    row: dict[str, Any] = {
-        "peer": target.server.peer,
-        "protocol": target.protocol,
-        "concurrency": concurrency,
-    }
-    try:
-        before = executed(target.server)
+@dataclass(slots=True)
+class Turns:
+    """One server and protocol at one concurrency: its turns so far, merged at the end."""
+
+    target: Target
+    concurrency: int
+    points: list[Point] = field(default_factory=list)
+    runs: int = 0
+    inferences: int = 0
+    error: str | None = None
+
+    def take(self, warmup_s: float, seconds: float) -> None:
+        """One more turn: a closed loop warmed up, then measured for `seconds`."""
+        if self.error is not None:
+            return
+        server = self.target.server
         load = Load(
-            target.address, target.request, concurrency, warmup_s, seconds, target.server.pid
+            self.target.address,
+            self.target.request,
+            self.concurrency,
+            warmup_s,
+            seconds,
+            server.pid,
         )
-        point = closed_loop(load)
-        after = executed(target.server)
-    except (OSError, *ERRORS) as exc:
-        row["error"] = f"{type(exc).__name__}: {exc}"
-        print(f"c={concurrency:3d} {target.server.peer:9s} {target.protocol:6s} {row['error']}")
+        try:
+            before = executed(server)
+            self.points.append(closed_loop(load))
+            after = executed(server)
+        except (OSError, *ERRORS) as exc:
+            self.error = f"{type(exc).__name__}: {exc}"
+            return
+        self.runs += after[0] - before[0]
+        self.inferences += after[1] - before[1]
+
+    def row(self) -> dict[str, Any]:
+        row: dict[str, Any] = {
+            "peer": self.target.server.peer,
+            "protocol": self.target.protocol,
+            "concurrency": self.concurrency,
+        }
+        if self.error is not None or not self.points:
+            row["error"] = self.error or "no turn measured"
+            print(f"c={self.concurrency:3d} {row['peer']:9s} {row['protocol']:6s} {row['error']}")
+            return row
+        point = merged(self.points)
+        row.update(
+            throughput=point.throughput,
+            p50_ms=point.percentile_ms(0.50),
+            p99_ms=point.percentile_ms(0.99),
+            avg_batch=self.inferences / self.runs if self.runs else None,
+            server_cpu_ms=point.cpu_ms_per_request(point.server_cpu_s),
+            loadgen_cpu_ms=point.cpu_ms_per_request(point.loadgen_cpu_s),
+            machine_busy=point.machine_busy,
+            errors=point.errors,
+            turns=len(self.points),
+        )
+        print(
+            f"c={self.concurrency:3d} {row['peer']:9s} {row['protocol']:6s} "
+            f"{row['throughput']:8.1f}/s p50 {row['p50_ms']:7.2f} p99 {row['p99_ms']:7.2f} ms "
+            f"batch {row['avg_batch'] or 0:5.1f} server {row['server_cpu_ms']:.2f} "
+            f"loadgen {row['loadgen_cpu_ms']:.2f} ms/req errors {sum(point.errors.values())}",
+            flush=True,
+        )
         return row
-    runs, inferences = after[0] - before[0], after[1] - before[1]
-    row.update(
-        throughput=point.throughput,
-        p50_ms=point.percentile_ms(0.50),
-        p99_ms=point.percentile_ms(0.99),
-        avg_batch=inferences / runs if runs else None,
-        server_cpu_ms=point.cpu_ms_per_request(point.server_cpu_s),
-        loadgen_cpu_ms=point.cpu_ms_per_request(point.loadgen_cpu_s),
-        machine_busy=point.machine_busy,
-        errors=point.errors,
-    )
-    print(
-        f"c={concurrency:3d} {row['peer']:9s} {row['protocol']:6s} "
-        f"{row['throughput']:8.1f}/s p50 {row['p50_ms']:7.2f} p99 {row['p99_ms']:7.2f} ms "
-        f"batch {row['avg_batch'] or 0:5.1f} server {row['server_cpu_ms']:.2f} "
-        f"loadgen {row['loadgen_cpu_ms']:.2f} ms/req errors {sum(point.errors.values())}",
-        flush=True,
-    )
-    return row
+
+
+def sweep(
+    targets: list[Target], levels: list[int], args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """At each concurrency, every target in turn, `rounds` times (the order rotated each round)."""
+    rows = []
+    for c in levels:
+        turns = [Turns(target, c) for target in targets]
+        for r in range(args.rounds):
+            first = r % max(1, len(turns))
+            for turn in turns[first:] + turns[:first]:
+                turn.take(args.warmup, args.seconds / args.rounds)
+        rows += [turn.row() for turn in turns]
+    return rows
 
 
 def idle_cores(servers: dict[str, Server], seconds: float = 3.0) -> dict[str, float]:
@@ -247,8 +290,9 @@ def main() -> None:
     parser.add_argument("--setup", action="store_true", help="install the peers, then stop")
     parser.add_argument("--peers", default=",".join(PEERS))
     parser.add_argument("--concurrency", default="1,8,32,64")
-    parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--seconds", type=float, default=5.0, help="measured per point, in all")
+    parser.add_argument("--rounds", type=int, default=5, help="turns each point's time is cut in")
+    parser.add_argument("--warmup", type=float, default=0.5, help="before each turn")
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "RESULTS.md")
     args = parser.parse_args()
     peers = [p for p in args.peers.split(",") if p]
@@ -268,10 +312,7 @@ def main() -> None:
     try:
         sockets = {peer: listens(server) for peer, server in servers.items()}
         idle = idle_cores(servers)
-        for i, c in enumerate(levels):
-            turn = i % max(1, len(targets))
-            for target in targets[turn:] + targets[:turn]:
-                rows.append(measure(target, c, args.warmup, args.seconds))
+        rows = sweep(targets, levels, args)
     finally:
         for server in servers.values():
             stop(server)
@@ -285,6 +326,7 @@ def main() -> None:
         "loadgen": "a raw keep-alive HTTP/1.1 client on uvloop, one process",
         "warmup_s": args.warmup,
         "seconds": args.seconds,
+        "rounds": args.rounds,
         "servers": {
             peer: {
                 "version": peer_version(peer),

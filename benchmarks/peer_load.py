@@ -144,6 +144,23 @@ class Point:
         return cpu_s * 1e3 / max(1, self.answered)
 
 
+def merged(points: list[Point]) -> Point:
+    """Several windows of one load as one: counts and CPU added, latencies pooled."""
+    errors: Counter[str] = Counter()
+    for point in points:
+        errors.update(point.errors)
+    seconds = sum(p.seconds for p in points)
+    return Point(
+        seconds=seconds,
+        answered=sum(p.answered for p in points),
+        errors=dict(errors),
+        latencies_s=[latency for p in points for latency in p.latencies_s],
+        server_cpu_s=sum(p.server_cpu_s for p in points),
+        loadgen_cpu_s=sum(p.loadgen_cpu_s for p in points),
+        machine_busy=sum(p.machine_busy * p.seconds for p in points) / max(seconds, 1e-9),
+    )
+
+
 async def _client(conn: Connection, request: bytes, window: Window, running: list[bool]) -> None:
     while running:
         try:

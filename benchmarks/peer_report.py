@@ -75,9 +75,10 @@ def report(meta: dict[str, Any], rows: list[Row]) -> str:
         "",
         f"Commit {meta['commit']}; {meta['machine']}; load average before "
         f"{meta['load_before']}, after {meta['load_after']}. One load generator for every "
-        f"server ({meta['loadgen']}), closed loop, {meta['warmup_s']} s warm-up then "
-        f"{meta['seconds']} s measured per point; the servers all up at once and taken in "
-        "turn at each concurrency (the order rotated each level), so drift hits all alike. "
+        f"server ({meta['loadgen']}), closed loop, {meta['seconds']} s measured per point "
+        f"in {meta['rounds']} turns, each after a {meta['warmup_s']} s warm-up; the servers "
+        "all up at once and taken in turn at each concurrency (the order rotated each round), "
+        "so drift hits all alike. "
         "Same model file (examples' mlp, TorchScript), torch 1 intra-op and 1 inter-op thread "
         "everywhere, same 512 floats in every body: KServe v2 JSON or binary for sluice and "
         "PyTriton, `{\"data\": [[...]]}` on the others' own JSON routes; every server's "

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent / "benchmarks")]
-from peer_load import Load, closed_loop, exchange  # noqa: E402
+from peer_load import Load, Point, closed_loop, exchange, merged  # noqa: E402
 from peer_report import ratios  # noqa: E402
 from peer_servers import listening  # noqa: E402
 
@@ -91,6 +91,17 @@ def test_one_window_counts_the_answers_and_the_cpu(server: tuple[str, int]) -> N
     # the server runs in this process: its tree's CPU includes the load generator's
     assert point.server_cpu_s >= point.loadgen_cpu_s > 0
     assert 0 <= point.machine_busy <= 1
+
+
+def test_turns_merge_into_one_point() -> None:
+    first = Point(1.0, 2, {"HTTP 503": 1}, [0.001, 0.003], 0.5, 0.1, 0.5)
+    second = Point(3.0, 2, {"HTTP 503": 2}, [0.002, 0.004], 1.5, 0.3, 1.0)
+    point = merged([first, second])
+    assert point.throughput == 1.0  # 4 answers in 4 s
+    assert point.errors == {"HTTP 503": 3}
+    assert sorted(point.latencies_s) == [0.001, 0.002, 0.003, 0.004]
+    assert point.cpu_ms_per_request(point.server_cpu_s) == 500.0
+    assert point.machine_busy == 0.875  # weighted by each turn's length
 
 
 def test_where_a_process_tree_listens(server: tuple[str, int]) -> None:
