@@ -223,7 +223,26 @@ def test_time_to_first_token_inter_token_latency_and_token_counts(tmp_path: Path
     assert figures["1:itl_ns"] == 2_000_000  # two gaps of 1 ms
     # 2 ms falls in the (1 ms, 2.5 ms] bucket (index 2), 1 ms in (0.5 ms, 1 ms] (index 1)
     assert (figures["1:ht2"], figures["1:hi1"]) == (1, 2)
+    # as Triton counts: every iteration one execution of its sequences, the request a success
+    assert (figures["1:execution_count"], figures["1:inference_count"]) == (3, 3)
+    assert (figures["1:success_count"], figures["1:success_ns"]) == (1, 4_000_000)
     assert stats.take_increments() == []
+
+
+def test_failures_are_counted_by_reason(tmp_path: Path) -> None:
+    model = Counter()
+    stats = GenerationStats()
+    gen, sent = generation(tmp_path, model, stats=stats)
+    gen.submit(request("a", 5))
+    asyncio.run(gen.iterate())
+    sent.cancelled.add("a")
+    model.fail_prefill_at = 9
+    gen.submit(request("b", 9))
+    run_until_idle(gen)
+    increments = stats.take_increments()
+    figures = dict(zip(increments[::2], increments[1::2], strict=True))
+    assert (figures["1:failure:CANCELED"], figures["1:failure:BACKEND"]) == (1, 1)
+    assert "1:success_count" not in figures
 
 
 @pytest.fixture(scope="module")

@@ -142,11 +142,13 @@ def test_a_short_request_finishes_while_a_long_one_runs(served: tuple[Service, P
 
 
 def test_a_cancelled_sequence_frees_its_slot(served: tuple[Service, Path]) -> None:
+    """charlm_one has one slot: the second request runs only once the first one left it, cut
+    short by its cancellation (it would otherwise run to its 5000 tokens)."""
     service, _ = served
-    endless = {"max_tokens": 1_000_000, "stop": ""}
     with grpcclient.InferenceServerClient(service.grpc_url) as client:
         stream = Stream(client)
-        client.async_stream_infer("charlm_one", [_text_input("x")], parameters=endless)
+        long = {"max_tokens": 5000, "stop": ""}
+        client.async_stream_infer("charlm_one", [_text_input("x")], parameters=long)
         for _ in range(3):
             assert stream.take()[2] is False
         client.stop_stream(cancel_requests=True)
@@ -157,11 +159,16 @@ def test_a_cancelled_sequence_frees_its_slot(served: tuple[Service, Path]) -> No
         taken = [stream.take() for _ in range(4)]
         client.stop_stream()
     assert [final for _, _, final in taken] == [False, False, False, True]
+    labels = '{model="charlm_one",version="1"}'
+    cancelled = 'nv_inference_request_failure{model="charlm_one",reason="CANCELED",version="1"}'
+    wait_until(lambda: _metrics(service).get(cancelled) == 1, "the cancellation counted")
+    assert _metrics(service)[f"sluice_generation_tokens_total{labels}"] < 5000
 
 
 def _metrics(service: Service) -> dict[str, float]:
     text = urllib.request.urlopen(f"http://{service.metrics_url}/metrics").read().decode()
-    samples = (line.rsplit(" ", 1) for line in text.splitlines() if line.startswith("sluice_"))
+    lines = text.splitlines()
+    samples = (line.rsplit(" ", 1) for line in lines if line.startswith(("sluice_", "nv_")))
     return {name: float(value) for name, value in samples}
 
 
@@ -185,6 +192,9 @@ def test_generation_metrics_as_llm_servers_name_them(served: tuple[Service, Path
     firsts = metrics[f"sluice_time_to_first_token_seconds_count{labels}"]
     gaps = metrics[f"sluice_inter_token_latency_seconds_count{labels}"]
     assert firsts + gaps == metrics[f"sluice_generation_tokens_total{labels}"]
+    # Triton's own families count the requests and iterations too
+    assert metrics[f"nv_inference_request_success{labels}"] >= 1
+    assert metrics[f"nv_inference_exec_count{labels}"] >= 30
 
 
 def test_a_triton_model_rescheduling_its_requests_runs_in_flight(

@@ -221,12 +221,14 @@ class Generation:
             self.state = None
             self._fail(self.scheduler.fail_running(), exc)
             return
+        now = self.clock()
+        self.stats.iteration(running[0].item.version, len(running))
         if rows is None:  # answered by the model itself
             for sequence, stopped in zip(running, finished, strict=True):
                 if stopped:
                     self.scheduler.finish(sequence.key)
+                    self.stats.finished(sequence.item, now)
             return
-        now = self.clock()
         for sequence, tensors, stopped in zip(running, rows, finished, strict=True):
             progress = self.progress[sequence.key]
             progress.tokens += 1
@@ -235,6 +237,7 @@ class Generation:
             final = bool(stopped) or progress.tokens >= progress.limit
             if final:
                 self.scheduler.finish(sequence.key)
+                self.stats.finished(sequence.item, now)
             self.responses.send_tensors(sequence.item, tensors, None, final)
 
     def _fail(self, sequences: list[Running[Request]], exc: Exception) -> None:
@@ -249,4 +252,5 @@ class Generation:
     def _end(self, request: Request, error: SluiceError) -> None:
         """The request's final response, an error (unless its model already sent one)."""
         self.progress.pop(request.id, None)
+        self.stats.failed(request.version, "CANCELED" if error.code == "CANCELLED" else "BACKEND")
         self.responses.end(request, error)

@@ -9,7 +9,7 @@ so every worker adds to the same figures.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from sluice.shared.protocol import Request
@@ -20,6 +20,7 @@ from sluice.shared.stats import (
     PROMPT_TOKENS,
     TTFT,
     TTFT_SUM,
+    failure_increments,
     histogram_increments,
 )
 
@@ -30,6 +31,10 @@ class _Version:
     generation_tokens: int = 0
     ttft_ns: list[int] = field(default_factory=list)
     itl_ns: list[int] = field(default_factory=list)
+    #: Triton's figures: an iteration is an execution of its running sequences.
+    batch_sizes: Counter[int] = field(default_factory=Counter)
+    success_ns: list[int] = field(default_factory=list)
+    failures: Counter[str] = field(default_factory=Counter)
 
 
 @dataclass(slots=True)
@@ -42,6 +47,18 @@ class GenerationStats:
 
     def sequences(self, running: int, waiting: int) -> None:
         self.running, self.waiting = running, waiting
+
+    def iteration(self, version: int, size: int) -> None:
+        """An iteration stepped `size` sequences (Triton: one execution, `size` inferences)."""
+        self._versions[version].batch_sizes[size] += 1
+
+    def finished(self, request: Request, now_ns: int) -> None:
+        """`request` ended with its last token at `now_ns` (Triton: a success)."""
+        self._versions[request.version].success_ns.append(max(0, now_ns - request.enqueue_ns))
+
+    def failed(self, version: int, reason: str) -> None:
+        """A sequence ended with an error (Triton's failure reason: BACKEND, CANCELED)."""
+        self._versions[version].failures[reason] += 1
 
     def prompt_tokens(self, version: int, count: int) -> None:
         self._versions[version].prompt_tokens += count
@@ -70,5 +87,24 @@ class GenerationStats:
                     pairs += [f"{v}:{name}", count]
             pairs += histogram_increments(f"{v}:{TTFT}", figures.ttft_ns)
             pairs += histogram_increments(f"{v}:{ITL}", figures.itl_ns)
+            pairs += _triton_increments(v, figures)
         self._versions.clear()
         return pairs
+
+
+def _triton_increments(v: int, figures: _Version) -> list[str | int]:
+    """Executions, inferences, batch sizes, successes and failures, as batches count them."""
+    sizes = figures.batch_sizes
+    pairs: list[str | int] = []
+    if sizes:
+        pairs += [f"{v}:execution_count", sizes.total()]
+        pairs += [f"{v}:inference_count", sum(size * n for size, n in sizes.items())]
+        for size, n in sizes.items():
+            pairs += [f"{v}:b{size}:count", n]
+    if figures.success_ns:
+        pairs += [f"{v}:success_count", len(figures.success_ns)]
+        pairs += [f"{v}:success_ns", sum(figures.success_ns)]
+        pairs += histogram_increments(f"{v}:hr", figures.success_ns)
+    for reason, count in figures.failures.items():
+        pairs += failure_increments(v, reason, count)
+    return pairs

@@ -118,12 +118,14 @@ class InflightLoop:
                 )
                 busy = [g for g in self._all if not g.scheduler.idle]
                 if not busy:
+                    state.wake.clear()  # before the flush's await: a read meanwhile wakes us
                     await self._flush_stats(force=True)
-                    state.wake.clear()
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(state.wake.wait(), self._next_expiry_s())
                     continue
                 await asyncio.gather(*(g.iterate() for g in busy))
+                for _ in busy:  # an iteration counts as a batch in `sluice status`
+                    state.results_published()
                 await self._flush_stats(force=False)
         finally:
             state.sequences_running(0)
