@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from sluice.shared.errors import SluiceError
+from sluice.shared.errors import ModelExecutionError, SluiceError
 from sluice.shared.model_config import load_model_config
 from sluice.shared.protocol import Request, Tensor
 from sluice.workers.generation import Generation, GenerativeModel, Prompt
@@ -39,6 +39,7 @@ class Counter:
     def __init__(self) -> None:
         self.fail_prefill_at: int | None = None
         self.fail_step = False
+        self.fail_join = False
 
     def prefill(self, prompts: Sequence[Prompt]) -> np.ndarray:
         lengths = [int(p.inputs["LENGTH"].reshape(-1)[0]) for p in prompts]
@@ -53,6 +54,8 @@ class Counter:
         return {"TOKEN": state[:, :1].copy()}, list(state[:, 0] >= state[:, 1])
 
     def join(self, state: np.ndarray, joining: np.ndarray) -> np.ndarray:
+        if self.fail_join:
+            raise RuntimeError("join failed")
         return np.concatenate([state, joining])
 
     def keep(self, state: np.ndarray, rows: list[int]) -> np.ndarray:
@@ -207,6 +210,27 @@ def test_a_failing_step_fails_every_running_sequence_and_the_next_start_afresh(
     run_until_idle(gen)
     assert sent.of("a")[-1] == sent.of("b")[-1] == ("INTERNAL", True)
     assert sent.of("c") == [(1, True)]
+
+
+def test_a_failing_join_fails_the_running_and_the_joining_sequences(tmp_path: Path) -> None:
+    model = Counter()
+    gen, sent = generation(tmp_path, model, max_sequences=2)
+    gen.submit(request("a", 5))
+    asyncio.run(gen.iterate())
+    model.fail_join = True
+    gen.submit(request("b", 5))
+    run_until_idle(gen)
+    assert sent.of("a")[-1] == sent.of("b")[-1] == ("INTERNAL", True)
+    assert gen.state is None
+
+
+def test_a_failing_prompt_count_refuses_that_request_alone(tmp_path: Path) -> None:
+    model = Counter()
+    model.prompt_tokens = lambda prompt: 1 // 0  # type: ignore[attr-defined]
+    gen, _ = generation(tmp_path, model)
+    with pytest.raises(ModelExecutionError, match="by zero"):
+        gen.submit(request("a", 3))
+    assert gen.scheduler.idle
 
 
 def test_time_to_first_token_inter_token_latency_and_token_counts(tmp_path: Path) -> None:

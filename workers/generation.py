@@ -12,7 +12,8 @@ Before every step the scheduler (workers/inflight.py) says who leaves and who jo
 step's token goes out at once as a response of its own; a sequence's last one is final: the
 model's stop, or the request's `max_tokens` (else the model's MAX_TOKENS parameter). A
 cancelled sequence gets a final CANCELLED error. A failing prefill fails only the sequences
-that were joining; a failing step, every running one (their state is lost with it).
+that were joining; a failing step, join or keep, every running one (their state is lost with
+it). Every call into the model runs off the event loop (`run`: the instance's thread).
 """
 
 from __future__ import annotations
@@ -162,7 +163,10 @@ class Generation:
         """Queue a request (InvalidInput for a bad `max_tokens`: answer it, it never joins)."""
         limit = max_tokens(self.spec, request.parameters)
         count = getattr(self.model, "prompt_tokens", None)
-        tokens = int(count(prompt_of(request))) if count is not None else 1
+        try:
+            tokens = int(count(prompt_of(request))) if count is not None else 1
+        except Exception as exc:  # the model's own code: this request alone fails
+            raise ModelExecutionError(f"model '{self.spec.name}' failed: {exc}") from exc
         self.progress[request.id] = Progress(limit)
         self.scheduler.submit(request.id, request, level, tokens)
 
@@ -183,24 +187,40 @@ class Generation:
             if gone.cancelled:
                 self._end(gone.item, Cancelled(CANCELLED))
             self.progress.pop(gone.key, None)
-        self._leave(plan)
+        if not await self._leave(plan):
+            return
         if plan.joining:
             await self._prefill(plan.joining)
         if self.scheduler.running:
             await self._step()
 
-    def _leave(self, plan: Iteration[Request]) -> None:
-        if self.state is not None and plan.left:
-            self.state = self.model.keep(self.state, plan.keep) if plan.keep else None
+    async def _leave(self, plan: Iteration[Request]) -> bool:
+        """Drop the rows that left the state (False: the model failed, and every sequence)."""
+        if self.state is None or not plan.left:
+            return True
+        rows, state = plan.keep, self.state
+        try:
+            self.state = await self.run(lambda: self.model.keep(state, rows)) if rows else None
+        except Exception as exc:
+            self._fail_all(exc)
+            return False
+        return True
 
     async def _prefill(self, joining: list[Running[Request]]) -> None:
         prompts = [prompt_of(s.item) for s in joining]
         try:
             new = await self.run(lambda: self.model.prefill(prompts))
-            self.state = new if self.state is None else self.model.join(self.state, new)
         except Exception as exc:  # the model's own failure: only the joining ones fail
             self.scheduler.drop(joining)
             self._fail(joining, exc)
+            return
+        state = self.state
+        try:
+            self.state = (
+                new if state is None else await self.run(lambda: self.model.join(state, new))
+            )
+        except Exception as exc:
+            self._fail_all(exc)
             return
         for sequence in joining:
             self.stats.prompt_tokens(sequence.item.version, sequence.prompt_tokens)
@@ -218,8 +238,7 @@ class Generation:
                     f"model '{self.spec.name}' finished {len(finished)} rows of {len(running)}"
                 )
         except Exception as exc:
-            self.state = None
-            self._fail(self.scheduler.fail_running(), exc)
+            self._fail_all(exc)
             return
         now = self.clock()
         self.stats.iteration(running[0].item.version, len(running))
@@ -239,6 +258,11 @@ class Generation:
                 self.scheduler.finish(sequence.key)
                 self.stats.finished(sequence.item, now)
             self.responses.send_tensors(sequence.item, tensors, None, final)
+
+    def _fail_all(self, exc: Exception) -> None:
+        """The model failed on its state: every running sequence ends, the state with them."""
+        self.state = None
+        self._fail(self.scheduler.fail_running(), exc)
 
     def _fail(self, sequences: list[Running[Request]], exc: Exception) -> None:
         error = (
