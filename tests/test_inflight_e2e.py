@@ -1,10 +1,12 @@
 """In-flight batching end to end: the example charlm (iterative, decoupled) served by `sluice
-serve`, one response per character through tritonclient.grpc streaming; a short request
-finishes while a long one runs; a cancelled sequence frees its slot; the tokens are counted
-in the metrics."""
+serve`, one response per character through tritonclient.grpc streaming and HTTP
+generate_stream; a short request finishes while a long one runs; a cancelled sequence frees
+its slot; the tokens are counted in the metrics; Triton's interface (request rescheduling)."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import queue
 import textwrap
 import urllib.request
@@ -114,6 +116,26 @@ def test_a_stream_gets_one_response_per_character(served: tuple[Service, Path]) 
     assert [final for _, _, final in taken] == [False] * 29 + [True]
     expected = greedy_texts(model_dir, {"a": "The "}, 1, **params)["a"]
     assert "".join(char for _, char, _ in taken) == expected
+
+
+def test_generate_stream_sends_one_event_per_character(served: tuple[Service, Path]) -> None:
+    """Triton's generate extension: `text_input` names the input, the other keys are request
+    parameters."""
+    service, model_dir = served
+    host, port = service.http_url.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    body = {"text_input": "The ", "max_tokens": 30, "stop": ""}
+    try:
+        conn.request("POST", "/v2/models/charlm/generate_stream", body=json.dumps(body).encode())
+        response = conn.getresponse()
+        assert response.status == 200
+        text = response.read().decode()
+    finally:
+        conn.close()
+    events = [json.loads(b.removeprefix("data: ")) for b in text.split("\n\n") if b]
+    assert len(events) == 30
+    expected = greedy_texts(model_dir, {"a": "The "}, 1, max_tokens=30, stop="")["a"]
+    assert "".join(e["text_output"] for e in events) == expected
 
 
 def test_a_short_request_finishes_while_a_long_one_runs(served: tuple[Service, Path]) -> None:
