@@ -19,6 +19,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -60,6 +61,14 @@ class Route:
     max_per_entry: int = 1
     #: Triton's max_queue_size for the level (0: unbounded).
     max_queue_size: int = 0
+
+
+def _wake_stream(order: ResponseOrder, future: asyncio.Future[Result]) -> None:
+    """A stream's request ended: wake its reader. A failure is marked as seen here, since a
+    reader that left first (a client gone, then cancelled) never asks for it."""
+    if not future.cancelled():
+        future.exception()
+    order.wake.set()
 
 
 def _ignore_failure(task: asyncio.Future[Any]) -> None:
@@ -186,7 +195,7 @@ class Dispatcher:
         loop = asyncio.get_running_loop()
         order = self.streams[request.id] = ResponseOrder()
         future = self._queue(route, request)
-        future.add_done_callback(lambda _: order.wake.set())
+        future.add_done_callback(partial(_wake_stream, order))
         slot = f"{route.model}:{request.version}"
         self.inflight[slot] += 1
         ended = False
