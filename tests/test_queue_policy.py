@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import socket
 import textwrap
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
+import gevent
 import numpy as np
 import pytest
 import redis
@@ -112,19 +114,27 @@ def _send(
     )
 
 
+def _poll(condition: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:
+    """Wait for `condition`, yielding to gevent's hub meanwhile: tritonclient's async_infer
+    sends its request from a greenlet, which runs only while this thread is in the hub."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        gevent.sleep(0.01)
+
+
 def _wait_running(gate: redis.Redis, model: str, value: int) -> None:
-    """Block until the model has started on `value` (it records it before holding)."""
-    while True:
-        order = [int(v) for v in gate.lrange(f"{model}:order", 0, -1)]
-        if value in order:
-            return
-        gate.blpop(f"{model}:never", timeout=0.05)  # a short blocking wait on the server
+    """Until the model has started on `value` (it records it before holding)."""
+    _poll(
+        lambda: value in [int(v) for v in gate.lrange(f"{model}:order", 0, -1)],
+        f"{model} running {value}",
+    )
 
 
 def _queued(gate: redis.Redis, model: str, count: int, level: int = 0) -> None:
     stream = keys.request_stream(model, level)
-    while gate.xlen(stream) < count:
-        gate.blpop(f"{model}:never", timeout=0.05)
+    _poll(lambda: gate.xlen(stream) >= count, f"{count} queued on {stream}")
 
 
 def _value(request) -> int:
