@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import gevent
 import pytest
 from sluice.shared.redis_client import sync_client
 
@@ -68,6 +69,16 @@ def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 60.0
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         pause.wait(0.01)
+
+
+def wait_in_hub(condition: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:
+    """`wait_until` for a thread with tritonclient.http requests in flight: their async_infer
+    sends from a greenlet, which runs only while this thread waits in gevent's hub."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        gevent.sleep(0.01)
 
 
 def free_port() -> int:

@@ -6,10 +6,8 @@ from __future__ import annotations
 import json
 import socket
 import textwrap
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
-import gevent
 import numpy as np
 import pytest
 import redis
@@ -18,7 +16,7 @@ from sluice.shared import keys
 from tritonclient.utils import InferenceServerException
 
 from sluice.embedded_redis import EmbeddedRedis
-from tests.conftest import Service, start_service, stop_service
+from tests.conftest import Service, start_service, stop_service, wait_in_hub
 
 MODEL = textwrap.dedent('''
     import os
@@ -114,19 +112,9 @@ def _send(
     )
 
 
-def _poll(condition: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:
-    """Wait for `condition`, yielding to gevent's hub meanwhile: tritonclient's async_infer
-    sends its request from a greenlet, which runs only while this thread is in the hub."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        gevent.sleep(0.01)
-
-
 def _wait_running(gate: redis.Redis, model: str, value: int) -> None:
     """Until the model has started on `value` (it records it before holding)."""
-    _poll(
+    wait_in_hub(
         lambda: value in [int(v) for v in gate.lrange(f"{model}:order", 0, -1)],
         f"{model} running {value}",
     )
@@ -134,7 +122,7 @@ def _wait_running(gate: redis.Redis, model: str, value: int) -> None:
 
 def _queued(gate: redis.Redis, model: str, count: int, level: int = 0) -> None:
     stream = keys.request_stream(model, level)
-    _poll(lambda: gate.xlen(stream) >= count, f"{count} queued on {stream}")
+    wait_in_hub(lambda: gate.xlen(stream) >= count, f"{count} queued on {stream}")
 
 
 def _value(request) -> int:

@@ -16,7 +16,7 @@ from sluice.shared.protocol import decode_requests
 from tritonclient.utils import InferenceServerException
 
 from sluice.embedded_redis import EmbeddedRedis
-from tests.conftest import Service, start_sluice, stop_service
+from tests.conftest import Service, start_sluice, stop_service, wait_in_hub
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -112,8 +112,10 @@ def test_queued_requests_survive_a_redis_restart(
         stop_service(worker)  # nobody serves the model: requests wait in the stream
         pending = [_infer(client, float(v)) for v in range(3)]
         stream = keys.request_stream("nobatch")
-        while sum(len(decode_requests(f)) for _, f in probe.xrange(stream)) < 3:
-            probe.blpop("never", timeout=0.05)
+        wait_in_hub(
+            lambda: sum(len(decode_requests(f)) for _, f in probe.xrange(stream)) >= 3,
+            "three requests queued",
+        )
         probe.close()
         persistent_redis.restart()
         worker = _worker(model_repo, url)
