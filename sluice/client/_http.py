@@ -12,6 +12,8 @@ Response = tuple[int, dict[str, str], bytes]
 
 #: a URL's port when it names none: sluice's for http (and no scheme), the standard for https.
 DEFAULT_PORTS = {"http": 8000, "https": 443}
+#: event-loop turns that a failed TLS handshake's transport takes to close its socket.
+CLOSE_TURNS = 3
 
 
 def split_url(url: str) -> tuple[str, str, int]:
@@ -137,9 +139,11 @@ class AsyncTransport:
                 self.endpoint.host, self.endpoint.port, ssl=self.endpoint.tls
             )
         except ssl.SSLError:
-            # a failed handshake's transport is closed by a callback asyncio has queued: let it
-            # run, or the socket may outlive the caller's event loop (a ResourceWarning)
-            await asyncio.sleep(0)
+            # a failed handshake's transport is closed by callbacks asyncio has queued (the
+            # SSL protocol's, then the socket transport's): let them run, or the socket may
+            # outlive the caller's event loop (a ResourceWarning)
+            for _ in range(CLOSE_TURNS):
+                await asyncio.sleep(0)
             raise
 
     async def _exchange(
