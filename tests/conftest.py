@@ -82,9 +82,17 @@ def wait_in_hub(condition: Callable[[], bool], what: str, timeout_s: float = 120
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free ports: held open together while chosen, as ports chosen one after
+    another can be the same one twice."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
 
 
 def build_named_args_model(path: Path) -> None:
@@ -122,7 +130,7 @@ def start_sluice(
     command: str, args: list[str], env: dict[str, str] | None = None, ready: str = READY_LINE
 ) -> Service:
     """Start `sluice <command> ...` and return once it logs `ready`."""
-    http_port, metrics_port, grpc_port = free_port(), free_port(), free_port()
+    http_port, metrics_port, grpc_port = free_ports(3)
     given = {"--http-port": http_port, "--metrics-port": metrics_port, "--grpc-port": grpc_port}
     ports = (
         [word for flag, port in given.items() for word in (flag, str(port))]
@@ -138,6 +146,7 @@ def start_sluice(
     )
     log: list[str] = []
     started = threading.Event()
+    settled = threading.Event()  # ready, or its output ended (it exited first)
 
     def pump() -> None:
         assert process.stdout is not None
@@ -145,11 +154,17 @@ def start_sluice(
             log.append(line)
             if ready in line:
                 started.set()
+                settled.set()
+        settled.set()
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
-    if not started.wait(START_TIMEOUT_S):
+    if not (settled.wait(START_TIMEOUT_S) and started.is_set()):
         process.kill()
+        process.wait()
+        reader.join(10)
+        assert process.stdout is not None
+        process.stdout.close()
         raise RuntimeError(f"sluice {command} did not become ready:\n" + "".join(log))
     redis_url = args[args.index("--redis-url") + 1] if "--redis-url" in args else ""
     return Service(

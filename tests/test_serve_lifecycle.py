@@ -14,7 +14,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from sluice.settings import JOBS_WORKER_SETTINGS_ENV, WORKER_SETTINGS_ENV
-from tests.conftest import free_port, start_service, stop_service, wait_until
+from tests.conftest import free_ports, start_service, stop_service, wait_until
 from tests.process_tree import alive, descendants
 
 
@@ -55,10 +55,10 @@ def _ready(url: str) -> bool:
 
 
 def test_serve_log_level_applies_to_every_process_it_starts(model_repo: Path) -> None:
-    http_port, metrics_port = free_port(), free_port()
+    http_port, metrics_port, grpc_port = free_ports(3)
     command = [sys.executable, "-m", "sluice", "serve", "--model-repository", str(model_repo)]
     command += ["--http-port", str(http_port), "--metrics-port", str(metrics_port)]
-    command += ["--grpc-port", str(free_port())]
+    command += ["--grpc-port", str(grpc_port)]
     process = subprocess.Popen(
         [*command, "--log-level", "warning"],
         stdout=subprocess.PIPE,

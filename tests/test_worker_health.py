@@ -6,7 +6,7 @@ import http.client
 import time
 from pathlib import Path
 
-from tests.conftest import free_port, start_sluice, stop_service
+from tests.conftest import free_port, free_ports, start_sluice, stop_service
 
 
 def _get(port: int, path: str) -> int:
@@ -33,7 +33,7 @@ def test_a_worker_is_live_and_ready_once_its_models_serve(redis_url: str, model_
 
 
 def test_a_worker_that_cannot_reach_redis_is_live_but_not_ready(model_repo: Path) -> None:
-    port, nowhere = free_port(), free_port()
+    port, nowhere = free_ports(2)
     args = ["--model-repository", str(model_repo), "--models", "affine"]
     worker = start_sluice(
         "worker",
