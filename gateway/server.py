@@ -28,7 +28,7 @@ from sluice.shared.errors import Unavailable
 from sluice.shared.gc_tuning import settle_after_startup
 from sluice.shared.http_server import HttpServer
 from sluice.shared.idle_poll import DEFAULT_WINDOW_US
-from sluice.shared.redis_client import REDIS_ERRORS, async_client
+from sluice.shared.redis_client import REDIS_ERRORS, async_client, initialized
 from sluice.shared.registry import Member
 from sluice.shared.tasks import stop_tasks
 
@@ -80,6 +80,8 @@ async def serve_gateway(
     table = ModelTable(redis, gateway_id, dispatcher.inflight_snapshot)
     table.on_unloaded = lambda model: dispatcher.abandon(model, no_versions(model))
     waiter = async_client(config.redis_url, socket_timeout_s=None)
+    for client in (redis, reader, waiter):  # before the tasks and requests share them
+        await initialized(client)
     jobs = JobStore(redis, waiter, config.limits.job_ttl_s)
     bulk = BulkApi(config.redis_url)
     core = GatewayCore(dispatcher, table, config.limits, bulk)

@@ -11,6 +11,7 @@ so clients follow a failover by reconnecting (user and password are the master's
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
@@ -110,6 +111,16 @@ class _SentinelConnection(redis.sentinel.SentinelManagedConnection):
     def read_response(self, *args: Any, **kwargs: Any) -> Any:
         kwargs.setdefault("disconnect_on_error", True)
         return super().read_response(*args, **kwargs)
+
+
+async def initialized(client: Any) -> None:
+    """Let a cluster client learn the cluster before coroutines share it: redis-py's asyncio
+    cluster client, first used by many coroutines at once, now and then closes a connection
+    under one of them (an AttributeError from its transport, not a Redis error). Redis away:
+    the first command learns it instead."""
+    if isinstance(client, AsyncRedisCluster):
+        with contextlib.suppress(*REDIS_ERRORS):
+            await client.initialize()
 
 
 def async_client(url: str, *, socket_timeout_s: float | None = 10.0) -> Any:

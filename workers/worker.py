@@ -23,7 +23,7 @@ from sluice.shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DrainDeadline,
 from sluice.shared.gc_tuning import settle_after_startup
 from sluice.shared.idle_poll import DEFAULT_WINDOW_US
 from sluice.shared.model_config import ModelSpec
-from sluice.shared.redis_client import REDIS_ERRORS, async_client
+from sluice.shared.redis_client import REDIS_ERRORS, async_client, initialized
 from sluice.shared.registry import (
     HEARTBEAT_INTERVAL_S,
     SEQUENCES,
@@ -322,6 +322,7 @@ class Worker:
         return Path(tempfile.gettempdir()) / f"sluice-overrides-{safe}"
 
     async def run(self) -> None:
+        await initialized(self.redis)  # before the model queues share it
         health = None
         if self.config.health_port is not None:
             health = await serve_health(

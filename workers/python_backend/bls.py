@@ -36,7 +36,7 @@ from sluice.shared.protocol import (
     settle_results,
 )
 from sluice.shared.queue_policy import QueuePolicy
-from sluice.shared.redis_client import REDIS_ERRORS, async_client
+from sluice.shared.redis_client import REDIS_ERRORS, async_client, initialized
 from sluice.shared.redis_wire import stream_entries, xadd
 from sluice.shared.registry import decode_model_record
 
@@ -109,6 +109,7 @@ class BlsClient:
         self._targets: dict[str, _Target] = {}
         self._redis: Any = None
         self._reader: asyncio.Task[None] | None = None
+        self._connected: asyncio.Future[None] | None = None
 
     def submit(self, call: BlsCall) -> concurrent.futures.Future[Result]:
         return asyncio.run_coroutine_threadsafe(self._call(call), self._loop)
@@ -123,9 +124,11 @@ class BlsClient:
             return Result(request_id, error=("UNAVAILABLE", f"queue unavailable: {exc}"))
 
     async def _infer(self, request_id: str, call: BlsCall) -> Result:
-        if self._redis is None:
+        if self._connected is None:
             self._redis = async_client(self._url)
+            self._connected = asyncio.ensure_future(initialized(self._redis))
             self._reader = asyncio.create_task(self._read_replies())
+        await self._connected  # before this call and the others use the client together
         target = await self._target(call.model)
         if target.config is None:
             raise ModelNotReady(f"model '{call.model}' is not ready: {target.reason}")
