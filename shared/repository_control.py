@@ -5,8 +5,8 @@ from one counter, loaded or not, the config override) in one hash, with the `fil
 beside it, and a pub/sub nudge; every worker that serves the repository applies it at once,
 and a worker that starts later or missed the nudge applies it on its next heartbeat. Workers
 report the generation they applied in their heartbeats, which is how a gateway knows a load
-has finished fleet-wide. All keys share the `{sluice}` hash tag, so the one script that
-writes them runs on one Redis Cluster node.
+has finished fleet-wide. All keys share the `{sluice}` hash tag, so the scripts that write
+them run on one Redis Cluster node.
 """
 
 from __future__ import annotations
@@ -43,6 +43,26 @@ redis.call('PUBLISH', ARGV[5], ARGV[1])
 return generation
 """
 )
+
+
+#: a worker's model record (its config, for the gateways), unless the desired state is of a
+#: newer load than the worker applied: a worker yet to see a load must not put back the config
+#: that load replaced, which gateways would then serve until its next heartbeat.
+ANNOUNCE = Lua(
+    """
+local wanted = redis.call('HGET', KEYS[2], ARGV[1])
+if wanted and cmsgpack.unpack(wanted)[1] > tonumber(ARGV[2]) then
+  return 0
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+return 1
+"""
+)
+
+
+def announce_command(model: str, generation: int, record: bytes) -> tuple[Any, ...]:
+    """The command that publishes `record` as the model's, as of desired `generation`."""
+    return ANNOUNCE.command([keys.MODELS, keys.DESIRED], [model, generation, record])
 
 
 @dataclass(frozen=True, slots=True)

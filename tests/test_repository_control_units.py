@@ -29,6 +29,7 @@ from sluice.shared.registry import (
 from sluice.shared.repository import fingerprint
 from sluice.shared.repository_control import (
     DesiredModel,
+    announce_command,
     declare,
     load_model_problem,
     override_path,
@@ -154,6 +155,31 @@ def test_desired_states_and_their_files_round_trip(redis_url: str) -> None:
             assert await read_files(redis, "m") == files
             await declare(redis, "m", loaded=True)  # a plain load drops the files
             assert await read_files(redis, "m") == {}
+        finally:
+            await redis.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_worker_behind_a_load_does_not_put_back_the_config_it_replaces(
+    redis_url: str,
+) -> None:
+    """Its heartbeat comes before it has read the new desired state: the record stays the
+    one of the worker that applied the load, until this one applies it too."""
+
+    async def scenario() -> None:
+        redis = async_client(redis_url)
+        try:
+            old = encode_model_record({"max_batch_size": 64}, [1], None)
+            new = encode_model_record({"max_batch_size": 3}, [1], None)
+            assert await redis.execute_command(*announce_command("m", 0, old)) == 1
+            generation = await declare(redis, "m", loaded=True, config_json="{}")
+            assert await redis.execute_command(*announce_command("m", generation, new)) == 1
+            assert await redis.execute_command(*announce_command("m", 0, old)) == 0
+            assert await redis.hget(keys.MODELS, "m") == new
+            later = encode_model_record({"max_batch_size": 3}, [1, 2], None)
+            assert await redis.execute_command(*announce_command("m", generation, later)) == 1
+            assert await redis.hget(keys.MODELS, "m") == later
         finally:
             await redis.aclose()
 

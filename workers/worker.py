@@ -13,6 +13,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import uvloop
@@ -32,7 +33,13 @@ from sluice.shared.registry import (
     encode_model_record,
     now_ms,
 )
-from sluice.shared.repository_control import ALL_MODELS, DesiredModel, decode_all, read_desired
+from sluice.shared.repository_control import (
+    ALL_MODELS,
+    DesiredModel,
+    announce_command,
+    decode_all,
+    read_desired,
+)
 from sluice.shared.tasks import stop_tasks
 from sluice.workers.backends import Infer, complete_config
 from sluice.workers.device_sampler import DeviceSampler
@@ -160,21 +167,33 @@ class Worker:
     def _announce(self, pipe: Pipeline) -> None:
         """Model records and our heartbeat; re-sent every beat so a Redis that lost its data
         learns them again."""
-        manager = self.manager
-        for name, queue in manager.queues.items() if manager is not None else ():
-            if manager is not None and not manager.announces(name):  # a newer load applies here
-                continue
-            versions = sorted(queue.instances.by_version)
-            record = encode_model_record(queue.spec.config_json, versions, None)
-            pipe.hset(keys.MODELS, name, record)
-        for name, entry in manager.ensembles.items() if manager is not None else ():
-            if entry.spec is not None and manager is not None and manager.announces(name):
-                record = encode_model_record(entry.spec.config_json, list(entry.versions), None)
+        for name, config_json, versions in self._served():
+            record = encode_model_record(config_json, versions, None)
+            if self.explicit:  # not over the config of a load this worker has yet to apply
+                status = self.statuses.get(name)
+                applied = status.generation if status is not None else 0
+                pipe.execute_command(*announce_command(name, applied, record))
+            else:
                 pipe.hset(keys.MODELS, name, record)
         for name, status in self.statuses.items():
             if not status.ready_versions:
                 pipe.hsetnx(keys.MODELS, name, encode_model_record(None, [], status.reason))
         pipe.hset(keys.FLEET, self.id, self._member().encode())
+
+    def _served(self) -> list[tuple[str, dict[str, Any], list[int]]]:
+        """(name, config, versions) of each model and ensemble served here, as last loaded."""
+        manager = self.manager
+        if manager is None:
+            return []
+        served = [
+            (name, queue.spec.config_json, sorted(queue.instances.by_version))
+            for name, queue in manager.queues.items()
+        ] + [
+            (name, entry.spec.config_json, list(entry.versions))
+            for name, entry in manager.ensembles.items()
+            if entry.spec is not None
+        ]
+        return [s for s in served if manager.announces(s[0])]  # else a newer load applies here
 
     def _member(self) -> Member:
         queues = self.queues
