@@ -33,6 +33,7 @@ from sluice.shared.errors import (
 )
 from sluice.shared.fleet import fleet_status
 from sluice.shared.infer_codec import ParsedInfer, decompress, parse_infer
+from sluice.shared.partitions import share
 from sluice.shared.protocol import Request, Result, Tensor
 from sluice.shared.queue_policy import DEADLINE, PRIORITY, TIMEOUT, deadline_us
 from sluice.shared.redis_client import REDIS_ERRORS
@@ -363,9 +364,8 @@ class GatewayCore:
         except InvalidInput:
             self._count_failure(view.name, version, "OTHER")
             raise
-        route = Route(
-            view.name, level, max(1, sig.max_batch_size), policy.for_level(level).max_queue_size
-        )
+        limit = share(policy.for_level(level).max_queue_size, view.partitions)
+        route = Route(view.name, level, max(1, sig.max_batch_size), limit, view.partitions)
         return Prepared(parsed, version, route, params)
 
     def _count_failure(self, model: str, version: int, reason: str) -> None:

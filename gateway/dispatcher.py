@@ -29,6 +29,7 @@ from sluice.shared import keys
 from sluice.shared.admission import ENQUEUE
 from sluice.shared.errors import Cancelled, Unavailable
 from sluice.shared.idle_poll import DEFAULT_WINDOW_US, IdlePoll
+from sluice.shared.partitions import Dealer
 from sluice.shared.protocol import (
     ProtocolError,
     Request,
@@ -59,8 +60,10 @@ class Route:
     level: int = 0
     #: requests per stream entry (the model's max_batch_size, at least 1).
     max_per_entry: int = 1
-    #: Triton's max_queue_size for the level (0: unbounded).
+    #: Triton's max_queue_size for the level (0: unbounded), per partition: its share.
     max_queue_size: int = 0
+    #: the model's stream partitions (shared/partitions.py), dealt entries in turn.
+    partitions: int = 1
 
 
 def _wake_stream(order: ResponseOrder, future: asyncio.Future[Result]) -> None:
@@ -110,6 +113,8 @@ class Dispatcher:
         self._prefix = gateway_id
         self._ids = itertools.count()
         self._outbox: dict[Route, list[Request]] = defaultdict(list)
+        #: which partition the next entry of each model and level goes to.
+        self._dealer = Dealer()
         self._flush_scheduled = False
         self._sending: set[asyncio.Task[None]] = set()
         #: "model:version" -> requests sent and not yet answered.
@@ -280,17 +285,21 @@ class Dispatcher:
         commands: list[Command] = []
         bounded: list[list[Request]] = []
         for route, requests in outbox.items():
-            stream = keys.request_stream(route.model, route.level)
             if route.max_queue_size:
                 # one entry per request, so that the size limit admits or refuses each
+                partition = self._dealer.next(route.model, route.level, route.partitions)
+                stream = keys.request_stream(route.model, route.level, partition)
                 args: list[int | bytes] = [route.level, route.max_queue_size]
                 for request in requests:
                     entry = encode_requests([request])
                     args += [entry["h"], entry["d"]]
-                commands.append(ENQUEUE.command([stream, keys.queue_sizes(route.model)], args))
+                sizes = keys.queue_sizes(route.model, partition)
+                commands.append(ENQUEUE.command([stream, sizes], args))
                 bounded.append(requests)
                 continue
             for start in range(0, len(requests), route.max_per_entry):
+                partition = self._dealer.next(route.model, route.level, route.partitions)
+                stream = keys.request_stream(route.model, route.level, partition)
                 commands.append(
                     xadd(stream, encode_requests(requests[start : start + route.max_per_entry]))
                 )

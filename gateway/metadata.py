@@ -10,9 +10,9 @@ from sluice.gateway.model_table import ModelView
 from sluice.shared.registry import READY
 from sluice.shared.stats import (
     VersionStats,
+    merged_stats_hash,
     parse_stats,
-    read_stats_command,
-    stats_hash,
+    read_stats_commands,
     triton_model_stats,
 )
 
@@ -87,11 +87,14 @@ async def model_statistics(
     """Triton's statistics body, fleet-wide, from the stats hashes the workers keep."""
     async with redis.pipeline(transaction=False) as pipe:
         for view in views:
-            pipe.execute_command(*read_stats_command(view.name))
-        replies = await pipe.execute()
+            for command in read_stats_commands(view.name, view.partitions):
+                pipe.execute_command(*command)
+        replies = iter(await pipe.execute())
         entries = []
-        for view, reply in zip(views, replies, strict=True):
-            per_version = parse_stats(stats_hash(reply))
+        for view in views:
+            per_version = parse_stats(
+                merged_stats_hash([next(replies) for _ in range(view.partitions)])
+            )
             wanted = [version] if version else sorted(set(view.versions) | set(per_version))
             for v in wanted:
                 entries.append(

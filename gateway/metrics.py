@@ -38,9 +38,9 @@ from sluice.shared.stats import (
     TTFT_SUM,
     VersionStats,
     histogram,
+    merged_stats_hash,
     parse_stats,
-    read_stats_command,
-    stats_hash,
+    read_stats_commands,
 )
 
 LABELS = ["model", "version"]
@@ -167,13 +167,15 @@ async def _stream_gauges(redis: aioredis.Redis, table: ModelTable) -> list[Metri
     )
     for name, view in sorted(table.models.items()):
         for level in view.queue_policy.levels:
-            stream = keys.request_stream(name, level)
-            try:
-                groups = await redis.xinfo_groups(stream)
-                size = await redis.xlen(stream)
-            except aioredis.ResponseError:  # no such stream yet
-                continue
-            held = sum(g["pending"] for g in groups)
+            size = held = 0
+            for partition in range(view.partitions):
+                stream = keys.request_stream(name, level, partition)
+                try:
+                    groups = await redis.xinfo_groups(stream)
+                    size += await redis.xlen(stream)
+                except aioredis.ResponseError:  # no such stream yet
+                    continue
+                held += sum(g["pending"] for g in groups)
             length.add_metric([name, str(level)], size)
             pending.add_metric([name, str(level)], held)
     return [length, pending]
@@ -267,12 +269,15 @@ def _generation_metrics(
 
 async def render(redis: aioredis.Redis, table: ModelTable) -> bytes:
     names = sorted(table.models)
+    partitions = [table.models[name].partitions for name in names]
     async with redis.pipeline(transaction=False) as pipe:
-        for name in names:
-            pipe.execute_command(*read_stats_command(name))
+        for name, count in zip(names, partitions, strict=True):
+            for command in read_stats_commands(name, count):
+                pipe.execute_command(*command)
         pipe.hgetall(keys.GATEWAY_STATS)
         *replies, gateway = await pipe.execute()
-    raws = [stats_hash(reply) for reply in replies]
+    by_partition = iter(replies)
+    raws = [merged_stats_hash([next(by_partition) for _ in range(n)]) for n in partitions]
     # every ready version shows from the start, at 0, as Triton registers a version's series
     # when it loads it
     stats: dict[tuple[str, str], VersionStats] = {

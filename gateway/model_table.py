@@ -19,6 +19,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from sluice.shared import keys
 from sluice.shared.errors import ModelNotFound, ModelNotReady
+from sluice.shared.partitions import config_partitions
 from sluice.shared.queue_policy import QueuePolicy
 from sluice.shared.redis_client import REDIS_ERRORS
 from sluice.shared.registry import (
@@ -73,6 +74,10 @@ class ModelView:
     @functools.cached_property
     def queue_policy(self) -> QueuePolicy:
         return QueuePolicy.from_config(self.config or {})
+
+    @functools.cached_property
+    def partitions(self) -> int:
+        return config_partitions(self.config)
 
     @property
     def preserve_ordering(self) -> bool:

@@ -13,6 +13,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 from sluice.shared import keys
+from sluice.shared.partitions import config_partitions
 from sluice.shared.queue_policy import QueuePolicy
 from sluice.shared.redis_client import AsyncClient
 from sluice.shared.registry import Member, decode_model_record, live_members, now_ms
@@ -62,10 +63,11 @@ def member_json(member: Member, now: int) -> dict[str, Any]:
 
 
 async def _model_queue(
-    redis: AsyncClient, model: str, levels: tuple[int, ...], now: int
+    redis: AsyncClient, model: str, levels: tuple[int, ...], partitions: int, now: int
 ) -> dict[str, Any]:
-    """Depth, group lag and pending, oldest entry age and dead letters of one model."""
-    streams = [keys.request_stream(model, level) for level in levels]
+    """Depth, group lag and pending, oldest entry age and dead letters of one model (over
+    its partitions: shared/partitions.py)."""
+    streams = [keys.request_stream(model, lv, p) for p in range(partitions) for lv in levels]
     async with redis.pipeline(transaction=False) as pipe:
         for stream in streams:
             pipe.xlen(stream)
@@ -128,9 +130,14 @@ async def fleet_status(redis: AsyncClient) -> dict[str, Any]:
             counts = states.setdefault(name, {})
             counts[status.current_state] = counts.get(status.current_state, 0) + 1
     names = sorted(records)
-    levels = [QueuePolicy.from_config(records[n]["config"] or {}).levels for n in names]
+    configs = [records[n]["config"] for n in names]
     queues = await asyncio.gather(
-        *(_model_queue(redis, n, lv, now) for n, lv in zip(names, levels, strict=True))
+        *(
+            _model_queue(
+                redis, n, QueuePolicy.from_config(c or {}).levels, config_partitions(c), now
+            )
+            for n, c in zip(names, configs, strict=True)
+        )
     )
     models = {
         name: {

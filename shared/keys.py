@@ -1,8 +1,9 @@
 """Every Redis key sluice uses, in one place.
 
 Keys of one model share the hash tag `{m:<model>}` so that they live in one Redis Cluster
-slot; fleet-wide keys share `{sluice}`. A gateway's reply stream carries its own tag, since
-every worker of every model writes to it.
+slot; a partitioned model's partition p >= 1 has `{m<p>:<model>}` instead, so that partitions
+land on different shards (shared/partitions.py). Fleet-wide keys share `{sluice}`. A
+gateway's reply stream carries its own tag, since every worker of every model writes to it.
 """
 
 from __future__ import annotations
@@ -13,19 +14,26 @@ PREFIX = "sluice"
 WORKER_GROUP = "workers"
 
 
-def _model_tag(model: str) -> str:
-    return f"{PREFIX}:{{m:{model}}}"
+def _model_tag(model: str, partition: int = 0) -> str:
+    return f"{PREFIX}:{{m{partition or ''}:{model}}}"
 
 
-def request_stream(model: str, level: int = 0) -> str:
-    """A model's request stream (one per priority level): gateways XADD, workers XREADGROUP."""
+def partition_of(key: str) -> int:
+    """The partition a model's key belongs to (0: the model's own tag)."""
+    start = key.index("{") + 2
+    return int(key[start : key.index(":", start)] or 0)
+
+
+def request_stream(model: str, level: int = 0, partition: int = 0) -> str:
+    """A model's request stream (one per priority level and partition): gateways XADD,
+    workers XREADGROUP."""
     suffix = f":p{level}" if level else ""
-    return f"{_model_tag(model)}:requests{suffix}"
+    return f"{_model_tag(model, partition)}:requests{suffix}"
 
 
-def queue_sizes(model: str) -> str:
+def queue_sizes(model: str, partition: int = 0) -> str:
     """Hash: priority level -> requests queued or running, kept when max_queue_size is set."""
-    return f"{_model_tag(model)}:queued"
+    return f"{_model_tag(model, partition)}:queued"
 
 
 def cancel_channel(model: str) -> str:
@@ -38,14 +46,14 @@ def dead_letters(model: str) -> str:
     return f"{_model_tag(model)}:dead"
 
 
-def model_stats(model: str) -> str:
+def model_stats(model: str, partition: int = 0) -> str:
     """Hash of cumulative counters (Triton statistics), folded in from the statistics log."""
-    return f"{_model_tag(model)}:stats"
+    return f"{_model_tag(model, partition)}:stats"
 
 
-def model_stats_log(model: str) -> str:
+def model_stats_log(model: str, partition: int = 0) -> str:
     """List of the statistics records of batches not yet folded into the hash."""
-    return f"{_model_tag(model)}:stats:log"
+    return f"{_model_tag(model, partition)}:stats:log"
 
 
 def reply_stream(gateway_id: str) -> str:

@@ -16,6 +16,8 @@ from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from sluice.shared.datatypes import config_to_wire
 from sluice.shared.errors import ModelConfigError
+from sluice.shared.partitions import PARAMETER as PARTITIONS
+from sluice.shared.partitions import parse_partitions
 from tritonclient.grpc.model_config_pb2 import (
     DataType,
     ModelConfig,
@@ -128,6 +130,8 @@ class ModelSpec:
     inter_op_threads: int | None
     version_policy: tuple[str, tuple[int, ...]]
     config_json: dict[str, Any]
+    #: how many partitions its streams are split into (shared/partitions.py).
+    partitions: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +168,10 @@ def load_model_config(
     instance_count, instance_kind = _instances(cfg, err)
     intra, inter = (_thread_count(parameters, key, err) for key in _THREAD_PARAMETERS)
     version_policy = _version_policy(cfg)
+    try:
+        partitions = parse_partitions(parameters.get(PARTITIONS))
+    except ValueError as exc:
+        raise err(f"parameters.{PARTITIONS}", str(exc)) from None
     _fill_pinned_memory(cfg)
     return ModelSpec(
         name=cfg.name,
@@ -182,6 +190,7 @@ def load_model_config(
         inter_op_threads=inter,
         version_policy=version_policy,
         config_json=triton_config_json(cfg),
+        partitions=partitions,
     )
 
 

@@ -79,14 +79,37 @@ def stats_record(increments: Sequence[str | int]) -> bytes:
     return msgpack.packb(increments)
 
 
-def read_stats_command(model: str) -> tuple[Any, ...]:
-    """The command that folds `model`'s statistics log into its hash and returns the hash."""
-    return _READ_STATS.command([keys.model_stats(model), keys.model_stats_log(model)], [])
+def read_stats_command(model: str, partition: int = 0) -> tuple[Any, ...]:
+    """The command that folds the statistics log of `model` (of one of its partitions) into
+    its hash and returns the hash."""
+    stats_keys = [keys.model_stats(model, partition), keys.model_stats_log(model, partition)]
+    return _READ_STATS.command(stats_keys, [])
+
+
+def read_stats_commands(model: str, partitions: int) -> list[tuple[Any, ...]]:
+    """`read_stats_command` for each partition (shared/partitions.py) of the model."""
+    return [read_stats_command(model, p) for p in range(partitions)]
 
 
 def stats_hash(reply: Sequence[bytes]) -> dict[bytes, bytes]:
     """The hash from `read_stats_command`'s reply (a flat field, value list)."""
     return dict(zip(reply[::2], reply[1::2], strict=True))
+
+
+def merged_stats_hash(replies: Sequence[Sequence[bytes]]) -> dict[bytes, bytes]:
+    """One model's hash from its partitions' `read_stats_command` replies: counters sum,
+    `last_inference` fields keep the latest."""
+    if len(replies) == 1:
+        return stats_hash(replies[0])
+    merged: dict[bytes, int] = {}
+    for reply in replies:
+        for field_name, value in stats_hash(reply).items():
+            amount = int(value)
+            if field_name.endswith(b"last_inference"):
+                merged[field_name] = max(merged.get(field_name, 0), amount)
+            else:
+                merged[field_name] = merged.get(field_name, 0) + amount
+    return {field_name: str(value).encode() for field_name, value in merged.items()}
 
 
 def add_increments(into: dict[str, int], increments: Sequence[str | int]) -> None:

@@ -72,9 +72,13 @@ class ModelQueue:
         #: the blocking reads' own connection (closed by the worker).
         self.reader = reader
         policy = QueuePolicy.from_config(spec.config_json)
-        streams = {keys.request_stream(spec.name, lv): lv for lv in policy.levels}
+        streams = {
+            keys.request_stream(spec.name, lv, p): lv
+            for p in range(spec.partitions)
+            for lv in policy.levels
+        }
         self.state = QueueState(
-            batch_rules(spec, default_delay_mode), spec.instance_count, len(streams)
+            batch_rules(spec, default_delay_mode), spec.instance_count, len(policy.levels)
         )
         counted = {lv for lv in policy.levels if policy.for_level(lv).max_queue_size}
         publisher = Publisher(redis, spec.name, counted)

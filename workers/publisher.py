@@ -57,9 +57,6 @@ class Publisher:
     ) -> None:
         self.redis = redis
         self.model = model
-        self.stats_key = keys.model_stats(model)
-        self.sizes_key = keys.queue_sizes(model)
-        self.log_key = keys.model_stats_log(model)
         #: levels with a max_queue_size, whose queue-size counter gateways raise.
         self.counted_levels = counted_levels
         #: (stream, entry id) -> requests of that entry not yet answered.
@@ -156,7 +153,13 @@ class Publisher:
         no queue-size counter: for those a plain XACK and XDEL do, at a fraction of the script
         call's Redis CPU (benchmarks/redis_cost.py)."""
         if answered or records:
-            script_keys = [stream, self.stats_key, self.sizes_key, self.log_key]
+            partition = keys.partition_of(stream)  # its keys share the stream's slot
+            script_keys = [
+                stream,
+                keys.model_stats(self.model, partition),
+                keys.queue_sizes(self.model, partition),
+                keys.model_stats_log(self.model, partition),
+            ]
             args = [keys.WORKER_GROUP, len(ids), *ids, level, answered, *records]
             return [FINISH_BATCH.command(script_keys, args)]
         if not ids:

@@ -1,7 +1,9 @@
-"""Reading one model's request streams: the blocking read loop and the catch-up read.
+"""Reading one model's request streams: the blocking read loops and the catch-up read.
 
-The loop reads only while the queue state says there is room (`QueueState.may_read`), on a
+A loop reads only while the queue state says there is room (`QueueState.may_read`), on a
 connection of its own, and rides out a Redis outage or a Redis that lost its consumer groups.
+A partitioned model (shared/partitions.py) has a loop per partition, each reading its share of
+the room, since one read cannot span the slots (shards) of several partitions.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import time
 
 import redis.asyncio as aioredis
 from sluice.shared import keys
+from sluice.shared.partitions import share
 from sluice.shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS
 from sluice.shared.redis_wire import Wire
 from sluice.workers.admission import Admission
@@ -44,14 +47,23 @@ class StreamReader:
         self.admission = admission
         self.answering = answering
         self.streams = admission.streams
-        #: the blocking read of the streams, on the reader's own connection.
+        by_partition: dict[int, list[str]] = {}
+        for stream in self.streams:
+            by_partition.setdefault(keys.partition_of(stream), []).append(stream)
+        #: each partition's streams (its priority levels), read together.
+        self._partitions = list(by_partition.values())
+        count = share(state.capacity, len(self._partitions))
+        #: the blocking reads of each partition, on the reader's own connections.
         self._reads = Wire(reader)
-        self._read_command = (
-            *("XREADGROUP", "GROUP", keys.WORKER_GROUP, consumer),
-            *("COUNT", state.capacity, "BLOCK", block_ms, "STREAMS"),
-            *self.streams,
-            *[">"] * len(self.streams),
-        )
+        self._read_commands = [
+            (
+                *("XREADGROUP", "GROUP", keys.WORKER_GROUP, consumer),
+                *("COUNT", count, "BLOCK", block_ms, "STREAMS"),
+                *streams,
+                *[">"] * len(streams),
+            )
+            for streams in self._partitions
+        ]
 
     async def ensure_groups(self) -> None:
         for stream in self.streams:
@@ -76,13 +88,18 @@ class StreamReader:
         return False
 
     async def run(self) -> None:
+        async with asyncio.TaskGroup() as loops:
+            for command in self._read_commands:
+                loops.create_task(self._read_loop(command))
+
+    async def _read_loop(self, command: tuple[object, ...]) -> None:
         attempt = 0
         while not self.state.stopping:
             await self.state.room.wait()
             if self.state.stopping:
                 break
             try:
-                reply = await self._reads.call(*self._read_command)
+                reply = await self._reads.call(*command)
                 attempt = 0
             except aioredis.ResponseError as exc:
                 if "NOGROUP" not in str(exc):
@@ -103,15 +120,18 @@ class StreamReader:
             await asyncio.sleep(0)
 
     async def catch_up(self, count: int) -> None:
-        """Read what queued up while every instance was busy (see `QueueState.catch_up_count`)."""
-        try:
-            reply = await self.redis.xreadgroup(
-                keys.WORKER_GROUP, self.consumer, dict.fromkeys(self.streams, ">"), count=count
-            )
-        except REDIS_ERRORS as exc:
-            log.warning("%s: catch-up read failed: %s", self.name, exc)
-            return
-        await self._admit(reply)
+        """Read what queued up while every instance was busy (see `QueueState.catch_up_count`):
+        each partition its share."""
+        count = share(count, len(self._partitions))
+        for streams in self._partitions:
+            try:
+                reply = await self.redis.xreadgroup(
+                    keys.WORKER_GROUP, self.consumer, dict.fromkeys(streams, ">"), count=count
+                )
+            except REDIS_ERRORS as exc:
+                log.warning("%s: catch-up read failed: %s", self.name, exc)
+                return
+            await self._admit(reply)
 
     async def _admit(self, reply: object) -> None:
         rejected = self.admission.admit_reply(reply, time.time_ns())
