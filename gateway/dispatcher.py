@@ -114,7 +114,7 @@ class Dispatcher:
         self._ids = itertools.count()
         self._outbox: dict[Route, list[Request]] = defaultdict(list)
         #: which partition the next entry of each model and level goes to.
-        self._dealer = Dealer()
+        self.dealer = Dealer()
         self._flush_scheduled = False
         self._sending: set[asyncio.Task[None]] = set()
         #: "model:version" -> requests sent and not yet answered.
@@ -287,7 +287,7 @@ class Dispatcher:
         for route, requests in outbox.items():
             if route.max_queue_size:
                 # one entry per request, so that the size limit admits or refuses each
-                partition = self._dealer.next(route.model, route.level, route.partitions)
+                partition = self.dealer.next(route.model, route.level, route.partitions)
                 stream = keys.request_stream(route.model, route.level, partition)
                 args: list[int | bytes] = [route.level, route.max_queue_size]
                 for request in requests:
@@ -298,7 +298,7 @@ class Dispatcher:
                 bounded.append(requests)
                 continue
             for start in range(0, len(requests), route.max_per_entry):
-                partition = self._dealer.next(route.model, route.level, route.partitions)
+                partition = self.dealer.next(route.model, route.level, route.partitions)
                 stream = keys.request_stream(route.model, route.level, partition)
                 commands.append(
                     xadd(stream, encode_requests(requests[start : start + route.max_per_entry]))

@@ -122,6 +122,9 @@ class ModelTable:
         #: called with the name of each model unloaded everywhere, at every refresh: no worker
         #: will read what is still queued for it.
         self.on_unloaded: Callable[[str], None] = lambda _: None
+        #: called at every heartbeat with the entries in each partition of a partitioned
+        #: model's level, and its batch size (model, level, depths, batch).
+        self.on_depths: Callable[[str, int, list[int], int], None] = lambda *_: None
         self._last_ok = 0.0
         self._reachable = False
 
@@ -240,12 +243,32 @@ class ModelTable:
         while True:
             try:
                 await self.refresh()
+                await self._observe_partitions()
             except REDIS_ERRORS as exc:
                 if self._reachable:
                     log.warning("Redis unreachable: %s", exc)
                 self._reachable = False
             # while Redis is away, look again soon: readiness comes back with it
             await asyncio.sleep(HEARTBEAT_INTERVAL_S if self._reachable else RETRY_INTERVAL_S)
+
+    async def _observe_partitions(self) -> None:
+        """How deep each partition of the partitioned models is (shared/partitions.py)."""
+        split = [
+            (v, lv)
+            for v in self.models.values()
+            if v.partitions > 1
+            for lv in v.queue_policy.levels
+        ]
+        if not split:
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for view, level in split:
+                for partition in range(view.partitions):
+                    pipe.xlen(keys.request_stream(view.name, level, partition))
+            depths = iter(await pipe.execute())
+        for view, level in split:
+            batch = max(1, (view.config or {}).get("max_batch_size", 1))
+            self.on_depths(view.name, level, [next(depths) for _ in range(view.partitions)], batch)
 
     async def remove_self(self) -> None:
         try:

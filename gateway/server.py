@@ -79,6 +79,7 @@ async def serve_gateway(
     dispatcher = Dispatcher(redis, reader, gateway_id, config.idle_poll_us, config.outage)
     table = ModelTable(redis, gateway_id, dispatcher.inflight_snapshot)
     table.on_unloaded = lambda model: dispatcher.abandon(model, no_versions(model))
+    table.on_depths = dispatcher.dealer.observe
     waiter = async_client(config.redis_url, socket_timeout_s=None)
     for client in (redis, reader, waiter):  # before the tasks and requests share them
         await initialized(client)

@@ -81,6 +81,15 @@ def test_entries_are_dealt_in_turn_per_model_and_level() -> None:
     assert [share(10, 3), share(0, 3), share(4, 1)] == [4, 0, 4]
 
 
+def test_a_partition_more_than_a_batch_behind_is_passed_over() -> None:
+    dealer = Dealer()
+    dealer.observe("a", 0, [3, 20, 10], batch=8)  # partition 1: a slow shard
+    assert [dealer.next("a", 0, 3) for _ in range(4)] == [0, 2, 0, 2]
+    assert dealer.next("a", 1, 3) == 0  # other levels are dealt as before
+    dealer.observe("a", 0, [3, 11, 10], batch=8)  # caught up
+    assert sorted(dealer.next("a", 0, 3) for _ in range(3)) == [0, 1, 2]
+
+
 def test_the_partitions_parameter_is_checked(tmp_path: Path) -> None:
     for bad, why in (("0", "between 1 and 64"), ("x", "must be an integer"), ("65", "65")):
         repo = tmp_path / bad
