@@ -24,12 +24,24 @@ Three ways to get requests to workers, at the same arrival stream:
 * pull: what sluice's workers do: each worker with a free instance keeps one blocking
   XREADGROUP open; Redis hands each new entry to the longest-waiting reader, which batches
   what it holds by the same rule; entries that find no reader wait in the stream and the
-  next worker to free up takes up to max_batch of them at once;
+  next worker to free up takes up to max_batch of them at once. With P partitions (one hot
+  model's stream split over P hash tags, partition p on shard p mod S) the gateways deal
+  entries to the partitions in turn, passing over one whose backlog is a full batch above the
+  shallowest; every worker keeps a read open on each partition (or, as an alternative, on
+  `reads` of them in a row) and, freeing up, asks each for its share of the room (rounded
+  up), so a batch may hold requests of several partitions;
 * round_robin: each server its own dynamic batcher, requests dealt in turn (Triton behind
   a round-robin load balancer).
 
+Partitions and shards: the part of a batch's Redis cost on the model's keys that is one read
+and one ack (`RedisCost.read_share`) is paid once per partition the batch drew from, on that
+partition's shard; the rest on the model's keys (its request entries) is paid where its
+requests were; the reply streams' part is spread evenly over the shards (many gateways, each
+reply stream its own hash tag).
+
 Not modelled: network time, the gateway, the gateway grouping requests that arrive together
-into one stream entry (one request per entry here), uneven hash-slot spread, and failures.
+into one stream entry (one request per entry here), uneven hash-slot spread, Redis queueing
+before a shard saturates, and failures.
 """
 
 from __future__ import annotations
@@ -51,17 +63,31 @@ import numpy as np
 #: infer/s at batch 1, 8, 32, 64), fitted to t(b) = a + c·b ...
 SERVICE_A_MS = 2.484
 SERVICE_C_MS = 0.298
-#: ... Redis CPU per executed batch and per request (loopback TCP, idle background out) ...
-REDIS_US_PER_BATCH = 588.8
-REDIS_US_PER_REQUEST = 11.3
-#: ... and the share of Redis command time on the model's own keys (its Cluster slot).
+#: Redis CPU per executed batch and per request: 2026-11-29's least-squares split (588.8 µs +
+#: 11.3 µs, `scale_workers.py`) scaled to 2026-12-01's 9.6 µs per inference at batch 31 (298 µs
+#: per batch, `benchmarks/redis_cost.py`, after the plain ack path), which measured no split
+#: of its own (its 64 B against 2 KiB payloads put ~3 µs per request, near this 3.58).
+REDIS_US_PER_BATCH = 186.6
+REDIS_US_PER_REQUEST = 3.58
+#: the share of Redis command time on the model's own keys (its Cluster slot), 2026-11-29 ...
 MODEL_SLOT_SHARE = 0.732
+#: ... and of a batch's cost, the part that is the worker's read and ack (2 of the ~5 client
+#: events per batch of 2026-12-01's perf record: reads 1.5, the ack half of the reply
+#: pipeline 0.5), paid once per partition a batch drew from.
+READ_SHARE = 0.4
 
 DEFAULT_WORKERS = (4, 16, 64)
 DEFAULT_LOADS = (0.5, 0.8, 0.95)
 PLOT_LOADS = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95)
 FLEET_SIZES = (1, 4, 16, 64, 256, 1000)
 SHARDS = (1, 2, 4, 8, 16)
+#: the partition sweep's cluster sizes and fleets (partitions = shards, and some beyond)
+SWEEP_SHARDS = (1, 2, 4, 8, 16, 32)
+SWEEP_WORKERS = (16, 64, 256, 1000)
+#: (shards, partitions) beyond partitions = shards
+SWEEP_EXTRA = ((4, 8), (16, 32))
+#: partitions a worker reads in the sweep's alternative to reading all of them
+SWEEP_READS = 2
 #: not measured: a GPU-like curve where batching is nearly free (t(64) = 1.4 x t(1)), to show
 #: how much the shared-vs-round-robin verdict depends on the shape of t(b)
 FLAT_SERVICE_MS = (5.0, 0.03)
@@ -99,6 +125,8 @@ class RedisCost:
     us_per_request: float
     #: share of a model's Redis work on its own slot (the rest: gateways' reply streams)
     model_slot_share: float
+    #: share of the per-batch cost paid again for each partition a batch drew from
+    read_share: float = READ_SHARE
 
     def us_per_inference(self, batch: float) -> float:
         return self.us_per_request + self.us_per_batch / batch
@@ -110,10 +138,16 @@ class RedisCost:
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """Completion time of every request, and the size of every executed batch."""
+    """Completion time of every request, and the size of every executed batch.
+
+    With partitions, also per partition: the batches that drew from it and its requests
+    (empty: one partition).
+    """
 
     done: np.ndarray
     sizes: list[int]
+    draws: list[int] = field(default_factory=list)
+    entries: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,13 +162,37 @@ class SimResult:
     p99_ms: float
 
 
+@dataclass(frozen=True, slots=True)
+class PartitionResult:
+    """One hot model on a cluster: what it sustains before its busiest shard is one core."""
+
+    shards: int
+    partitions: int
+    workers: int
+    #: partitions each worker reads (0: all of them)
+    reads: int
+    #: the load offered (of the workers' full-batch capacity)
+    load: float
+    #: the offered rate, or the rate at which the busiest shard reaches one core
+    infer_s: float
+    mean_batch: float
+    #: partitions a batch drew from, on average
+    batch_partitions: float
+    redis_us_per_inference: float
+    #: the busiest shard's CPU over the mean shard's at this load
+    imbalance: float
+    p99_ms: float
+    #: True when Redis, not the workers, sets infer_s
+    redis_bound: bool
+
+
 @dataclass(slots=True)
 class PullWorker:
-    """One sluice worker as the pull policy sees it."""
+    """One sluice worker as the pull policy sees it: a blocking read per partition."""
 
+    reading: list[bool]
     held: deque[int] = field(default_factory=deque)
     busy: bool = False
-    reading: bool = False
     armed_at: float = -1.0
 
 
@@ -151,7 +209,8 @@ def central_batcher(
     oldest request's delay runs out), so its cost is per batch, not per request.
     """
     n, size_cap, delay = len(arrivals), batching.max_batch, batching.delay_s
-    done, sizes, running = np.empty(n), [], []
+    done, sizes = np.empty(n), []
+    running: list[float] = []
     free, head, now = instances, 0, arrivals[0] if n else 0.0
     while head < n:
         while running and running[0] <= now:
@@ -211,7 +270,8 @@ def round_robin(
 
 
 class PullFleet:
-    """sluice's reading: one blocking XREADGROUP per worker with a free instance and room.
+    """sluice's reading: a blocking XREADGROUP per partition and worker with a free instance
+    and room.
 
     Redis serves blocked readers first come, first served, one new entry at a time; a worker
     re-issues its read before deciding on a batch, so a read that is open when the worker
@@ -219,55 +279,100 @@ class PullFleet:
     """
 
     def __init__(
-        self, arrivals: Sequence[float], workers: int, batching: Batching, service: Service
+        self,
+        arrivals: Sequence[float],
+        workers: int,
+        batching: Batching,
+        service: Service,
+        partitions: int = 1,
+        reads: int = 0,
     ) -> None:
         self.arrivals, self.batching, self.service = arrivals, batching, service
-        self.workers = [PullWorker() for _ in range(workers)]
-        self.readers: deque[int] = deque()
-        self.stream: deque[int] = deque()  # entries no reader took
+        self.every = range(partitions)
+        #: the partitions each worker reads: all, or `reads` in a row from its place in the fleet
+        self.own = [
+            tuple((w * partitions // workers + j) % partitions for j in range(reads or partitions))
+            for w in range(workers)
+        ]
+        if len(set(itertools.chain(*self.own))) < partitions:
+            raise ValueError(f"{workers} workers reading {reads} each leave a partition unread")
+        self.workers = [PullWorker([False] * partitions) for _ in range(workers)]
+        self.readers: list[deque[int]] = [deque() for _ in self.every]
+        self.streams: list[deque[int]] = [deque() for _ in self.every]  # entries no reader took
+        self.backlog = 0
+        self.turn = itertools.count()
+        self.partition = [0] * len(arrivals)
         self.events: list[tuple[float, int, int, int]] = []
         self.seq = itertools.count()
         self.done = np.empty(len(arrivals))
         self.sizes: list[int] = []
+        self.draws = [0] * partitions
+        self.entries = [0] * partitions
 
     def run(self) -> Outcome:
         for w in range(len(self.workers)):
-            self._read(w)
+            self._read(w, self.own[w])
         i, n = 0, len(self.arrivals)
         while i < n or self.events:
             if self.events and (i >= n or self.events[0][0] <= self.arrivals[i]):
                 at, _, kind, w = heapq.heappop(self.events)
                 if kind == DONE:
                     self._finished(w)
-                self._read(w)
+                self._read(w, self.own[w])
                 self._decide(w, at)
             else:
                 self._arrive(i)
                 i += 1
-        return Outcome(self.done, self.sizes)
+        return Outcome(self.done, self.sizes, self.draws, self.entries)
+
+    def _deal(self) -> int:
+        """The gateway's turn, passing over a partition a full batch deeper than the others."""
+        count = len(self.streams)
+        p = next(self.turn) % count
+        if self.backlog > self.batching.max_batch:
+            shallowest = min(len(s) for s in self.streams)
+            while len(self.streams[p]) > shallowest + self.batching.max_batch:
+                p = next(self.turn) % count
+        return p
 
     def _arrive(self, i: int) -> None:
-        if not self.readers:
-            self.stream.append(i)
+        p = self._deal()
+        self.partition[i] = p
+        self.entries[p] += 1
+        if not self.readers[p]:
+            self.streams[p].append(i)
+            self.backlog += 1
             return
-        w = self.readers.popleft()
-        self.workers[w].reading = False
+        w = self.readers[p].popleft()
+        self.workers[w].reading[p] = False
         self.workers[w].held.append(i)
-        self._read(w)
+        self._read(w, (p,))
         self._decide(w, self.arrivals[i])
 
     def _finished(self, w: int) -> None:
-        """A batch ended: take what queued in the stream meanwhile (XREADGROUP COUNT)."""
+        """A batch ended: take what queued meanwhile, each partition its share of the room
+        (XREADGROUP COUNT), again while room and entries are left."""
         worker = self.workers[w]
         worker.busy = False
-        while self.stream and len(worker.held) < self.batching.max_batch:
-            worker.held.append(self.stream.popleft())
+        room, taken = self.batching.max_batch - len(worker.held), self.backlog
+        while room > 0 and taken:
+            ask, taken = -(-room // len(self.own[w])), 0
+            for p in self.own[w]:
+                stream = self.streams[p]
+                for _ in range(min(ask, len(stream))):
+                    worker.held.append(stream.popleft())
+                    taken += 1
+            self.backlog -= taken
+            room = self.batching.max_batch - len(worker.held)
 
-    def _read(self, w: int) -> None:
+    def _read(self, w: int, partitions: Sequence[int]) -> None:
         worker = self.workers[w]
-        if not worker.reading and not worker.busy and len(worker.held) < self.batching.max_batch:
-            worker.reading = True
-            self.readers.append(w)
+        if worker.busy or len(worker.held) >= self.batching.max_batch:
+            return
+        for p in partitions:
+            if not worker.reading[p]:
+                worker.reading[p] = True
+                self.readers[p].append(w)
 
     def _decide(self, w: int, now: float) -> None:
         worker = self.workers[w]
@@ -282,8 +387,13 @@ class PullFleet:
             return
         size = min(self.batching.max_batch, len(worker.held))
         end = now + self.service.time(size)
+        drawn = set()
         for _ in range(size):
-            self.done[worker.held.popleft()] = end
+            i = worker.held.popleft()
+            self.done[i] = end
+            drawn.add(self.partition[i])
+        for p in drawn:
+            self.draws[p] += 1
         worker.busy = True
         self.sizes.append(size)
         heapq.heappush(self.events, (end, next(self.seq), DONE, w))
@@ -291,6 +401,27 @@ class PullFleet:
 
 def pull(arrivals: Sequence[float], workers: int, batching: Batching, service: Service) -> Outcome:
     return PullFleet(arrivals, workers, batching, service).run()
+
+
+def shard_cores(outcome: Outcome, seconds: float, cost: RedisCost, shards: int) -> np.ndarray:
+    """Redis cores each shard spends on one model's traffic, partition p on shard p mod shards.
+
+    A batch pays its read and ack on each partition it drew from, its request entries where
+    its requests were; the reply streams' part spreads evenly over the shards.
+    """
+    batches, requests = len(outcome.sizes), sum(outcome.sizes)
+    draws = np.array(outcome.draws or [batches], dtype=float)
+    entries = np.array(outcome.entries or [requests], dtype=float)
+    entry_share = cost.model_slot_share - cost.read_share
+    model_us = (
+        cost.us_per_batch * (cost.read_share * draws + entry_share * batches * entries / requests)
+        + cost.us_per_request * cost.model_slot_share * entries
+    )
+    cores = np.zeros(shards)
+    np.add.at(cores, np.arange(len(draws)) % shards, model_us)
+    reply_share = 1 - cost.model_slot_share
+    cores += reply_share * (cost.us_per_batch * batches + cost.us_per_request * requests) / shards
+    return cores / seconds / 1e6
 
 
 Policy = Callable[[Sequence[float], int, Batching, Service], Outcome]
@@ -343,6 +474,67 @@ def worker_limit(
     if hot_model and shards > 1:
         return rate / cost.model_slot_share / worker_rate
     return shards * rate / worker_rate
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    """One hot model's fleet: its workers, its stream's partitions, the cluster's shards."""
+
+    shards: int
+    partitions: int
+    workers: int
+    #: partitions each worker reads (0: all of them)
+    reads: int = 0
+
+
+def hot_model(
+    cluster: Cluster,
+    load: float,
+    per_worker: int,
+    seed: int,
+    batching: Batching,
+    service: Service,
+    cost: RedisCost,
+) -> PartitionResult:
+    """What one hot model sustains at this load's batch sizes: the offered rate, or the rate
+    at which its busiest shard reaches one core if that is lower."""
+    rate = load * cluster.workers * service.capacity(batching.max_batch)
+    requests = max(20_000, per_worker * cluster.workers)
+    arrivals = poisson_arrivals(rate, requests, seed)
+    outcome = PullFleet(
+        arrivals.tolist(), cluster.workers, batching, service, cluster.partitions, cluster.reads
+    ).run()
+    cores = shard_cores(outcome, float(arrivals[-1] - arrivals[0]), cost, cluster.shards)
+    skip, keep = int(requests * WARMUP_FRACTION), int(requests * (1 - COOLDOWN_FRACTION))
+    latency_ms = (outcome.done - arrivals)[skip:keep] * 1e3
+    busiest, batches = float(cores.max()), len(outcome.sizes)
+    return PartitionResult(
+        shards=cluster.shards,
+        partitions=cluster.partitions,
+        workers=cluster.workers,
+        reads=cluster.reads,
+        load=load,
+        infer_s=round(rate / max(1.0, busiest)),
+        mean_batch=round(requests / batches, 2),
+        batch_partitions=round(sum(outcome.draws) / batches, 2),
+        redis_us_per_inference=round(float(cores.sum()) * 1e6 / rate, 2),
+        imbalance=round(busiest / float(cores.mean()), 3),
+        p99_ms=round(float(np.percentile(latency_ms, 99)), 2),
+        redis_bound=busiest > 1,
+    )
+
+
+def sweep_clusters() -> list[Cluster]:
+    """Partitions = shards for each cluster size and fleet, every worker reading every
+    partition, then each reading SWEEP_READS, then more partitions than shards."""
+    clusters = [Cluster(k, k, w) for k in SWEEP_SHARDS for w in SWEEP_WORKERS]
+    clusters += [
+        Cluster(k, k, w, SWEEP_READS)
+        for k in SWEEP_SHARDS
+        for w in SWEEP_WORKERS
+        if k > SWEEP_READS
+    ]
+    return clusters + [Cluster(k, p, w) for k, p in SWEEP_EXTRA for w in SWEEP_WORKERS]
 
 
 def calibration(path: Path | None) -> tuple[Service, RedisCost]:

@@ -4,6 +4,9 @@ assumptions: `benchmarks/fleet_model.py`).
 
     python benchmarks/fleet_sim.py [--calibration benchmarks/out/scale_workers.json] \
         [--plot benchmarks/fleet_sim.png] [--json benchmarks/out/fleet_sim.json]
+
+With --partitions-sweep, instead: one hot model's stream split into partitions over 1-32
+Redis Cluster shards, 16-1,000 workers, what it sustains before its busiest shard is one core.
 """
 
 from __future__ import annotations
@@ -26,14 +29,18 @@ from fleet_model import (
     POLICIES,
     REDIS_POLICIES,
     SHARDS,
+    SWEEP_READS,
     Batching,
+    PartitionResult,
     RedisCost,
     Service,
     SimResult,
     calibration,
+    hot_model,
     redis_cores,
     run_grid,
     simulate,
+    sweep_clusters,
     worker_limit,
 )
 
@@ -119,6 +126,58 @@ def fleet_table(fleet: dict[str, list[float]], cost: RedisCost, worker_rate: flo
     return "\n".join(lines)
 
 
+def partition_table(rows: Sequence[PartitionResult], worker_rate: float) -> str:
+    """Each cluster against one shard at the same fleet size; workers at the limit are those
+    the sustained rate keeps at the offered load."""
+    one = {r.workers: r.infer_s for r in rows if r.shards == 1}
+    lines = [
+        "| shards | partitions | each worker reads | workers | sustained infer/s | x one shard "
+        "| workers at the limit | batch | partitions per batch | Redis µs/inference "
+        "| busiest / mean shard | p99 ms (workers) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        limit = _count(r.infer_s / (r.load * worker_rate)) if r.redis_bound else "-"
+        reads = r.reads or "all"
+        lines.append(
+            f"| {r.shards} | {r.partitions} | {reads} | {r.workers:,} | {r.infer_s:,.0f}"
+            f"{'' if r.redis_bound else ' (workers)'} | {r.infer_s / one[r.workers]:.2f} "
+            f"| {limit} | {r.mean_batch:.1f} | {r.batch_partitions:.2f} "
+            f"| {r.redis_us_per_inference:.1f} | {r.imbalance:.3f} | {r.p99_ms:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def run_partitions_sweep(
+    args: argparse.Namespace, batching: Batching, service: Service, cost: RedisCost
+) -> None:
+    worker_rate = service.capacity(batching.max_batch)
+    n, seed = args.requests_per_worker, args.seed
+    rows = [hot_model(c, args.load, n, seed, batching, service, cost) for c in sweep_clusters()]
+    print(
+        f"\none hot model at {args.load:.0%} load ({args.load * worker_rate:,.0f} infer/s per "
+        f"worker offered), partition p on shard p mod shards; sustained: the offered rate, or "
+        f"the rate at which the busiest shard reaches one core at these batch sizes; each worker "
+        f"reads all partitions, or {SWEEP_READS} of them:"
+    )
+    print(partition_table(rows, worker_rate))
+    if args.json:
+        write_json(
+            args.json,
+            {
+                "service": asdict(service),
+                "redis_cost": asdict(cost),
+                "batching": asdict(batching),
+                "partitions": [asdict(r) for r in rows],
+            },
+        )
+
+
+def write_json(path: Path, document: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=1))
+
+
 def _latency_panel(axis: Any, curve: Sequence[SimResult], title: str) -> None:
     """p99 against load: a colour per policy, a line style per fleet size."""
     sizes = sorted({r.workers for r in curve})
@@ -189,6 +248,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--plot", type=Path, default=Path(__file__).with_name("fleet_sim.png"))
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--partitions-sweep",
+        action="store_true",
+        help="only the partition sweep: one hot model over 1-32 shards, 16-1,000 workers",
+    )
+    parser.add_argument("--load", type=float, default=0.8, help="the partition sweep's load")
     return parser.parse_args()
 
 
@@ -203,8 +268,13 @@ def main() -> None:
         f"measured t(b) = {service.a_s * 1e3:.2f} ms + {service.c_s * 1e3:.3f} ms x b "
         f"(one worker: {worker_rate:,.0f} infer/s at batch {batching.max_batch}); "
         f"Redis {cost.us_per_batch:.0f} µs/batch + {cost.us_per_request:.1f} µs/request, "
-        f"model-slot share {cost.model_slot_share:.0%}"
+        f"model-slot share {cost.model_slot_share:.0%}, read and ack {cost.read_share:.0%} "
+        "of a batch's"
     )
+    if args.partitions_sweep:
+        run_partitions_sweep(args, batching, service, cost)
+        print(f"\ntook {time.monotonic() - started:.0f} s")
+        return
     workers = [int(w) for w in args.workers.split(",")]
     loads = [float(x) for x in args.loads.split(",")]
     n, seed = args.requests_per_worker, args.seed
@@ -234,17 +304,18 @@ def main() -> None:
     write_plot(args.plot, curves, fleet, cost, worker_rate)
     print(f"\nwrote {args.plot}; took {time.monotonic() - started:.0f} s")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        document = {
-            "service": asdict(service),
-            "flat_service": asdict(flat),
-            "redis_cost": asdict(cost),
-            "grids": {k: [asdict(r) for r in v] for k, v in grids.items()},
-            "curves": {k: [asdict(r) for r in v] for k, v in curves.items()},
-            "fleet_sizes": list(FLEET_SIZES),
-            "fleet_mean_batch": fleet,
-        }
-        args.json.write_text(json.dumps(document, indent=1))
+        write_json(
+            args.json,
+            {
+                "service": asdict(service),
+                "flat_service": asdict(flat),
+                "redis_cost": asdict(cost),
+                "grids": {k: [asdict(r) for r in v] for k, v in grids.items()},
+                "curves": {k: [asdict(r) for r in v] for k, v in curves.items()},
+                "fleet_sizes": list(FLEET_SIZES),
+                "fleet_mean_batch": fleet,
+            },
+        )
 
 
 if __name__ == "__main__":

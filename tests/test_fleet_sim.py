@@ -60,3 +60,55 @@ def test_shards_raise_the_limit_except_for_one_hot_model() -> None:
     # one model's stream lives on one shard: only its reply traffic leaves it
     assert hot[0] == spread[0]
     assert hot[1] == hot[2] == hot[3] == pytest.approx(spread[0] / COST.model_slot_share)
+
+
+def _partitioned(partitions: int, reads: int = 0) -> tuple[fleet_model.Outcome, float]:
+    """16 workers at 80 % load, seeded: the outcome and the seconds its arrivals span."""
+    arrivals = fleet_model.poisson_arrivals(16 * 0.8 * MEASURED.capacity(64), REQUESTS, seed=5)
+    fleet = fleet_model.PullFleet(arrivals.tolist(), 16, BATCHING, MEASURED, partitions, reads)
+    return fleet.run(), float(arrivals[-1] - arrivals[0])
+
+
+def test_partitions_run_every_request_once_and_share_them_evenly() -> None:
+    outcome, _ = _partitioned(4)
+    assert sum(outcome.sizes) == REQUESTS
+    assert max(outcome.sizes) <= BATCHING.max_batch
+    # the gateways deal in turn, and no partition falls a batch behind here
+    assert max(outcome.entries) - min(outcome.entries) <= 1
+    # every worker reads every partition, so a batch holds requests of several
+    assert sum(outcome.draws) > 2 * len(outcome.sizes)
+
+
+def test_partitions_spread_redis_cost_over_shards() -> None:
+    outcome, seconds = _partitioned(4)
+    spread = fleet_model.shard_cores(outcome, seconds, COST, shards=4)
+    assert spread.max() / spread.mean() < 1.05
+    one, seconds = _partitioned(1)
+    hot = fleet_model.shard_cores(one, seconds, COST, shards=4)
+    # one partition: the model's keys on shard 0, only the reply streams' part elsewhere
+    share = COST.model_slot_share + (1 - COST.model_slot_share) / 4
+    assert hot[0] / hot.sum() == pytest.approx(share)
+    assert hot[1] == pytest.approx(hot[2]) == pytest.approx(hot[3])
+    # and the same traffic on one shard costs what the unpartitioned model does
+    assert fleet_model.shard_cores(one, seconds, COST, shards=1)[0] == pytest.approx(hot.sum())
+
+
+def test_reading_fewer_partitions_draws_fewer_per_batch() -> None:
+    every, _ = _partitioned(8)
+    two, _ = _partitioned(8, reads=2)
+    assert sum(two.sizes) == REQUESTS
+    assert sum(two.draws) <= 2 * len(two.sizes) < sum(every.draws)
+
+
+def test_a_partition_no_worker_reads_is_refused() -> None:
+    with pytest.raises(ValueError, match="unread"):
+        fleet_model.PullFleet([0.0], 2, BATCHING, MEASURED, partitions=8, reads=2)
+
+
+def test_partitions_lift_one_hot_models_limit() -> None:
+    results = [
+        fleet_model.hot_model(fleet_model.Cluster(k, k, 256), 0.8, 100, 1, BATCHING, MEASURED, COST)
+        for k in (1, 4)
+    ]
+    assert results[0].redis_bound
+    assert results[1].infer_s > results[0].infer_s
