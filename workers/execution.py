@@ -1,9 +1,10 @@
 """One batch through one model instance: stack the inputs, run, cut the outputs per request.
 
 Inputs are stacked with a single `np.concatenate` per input (the only copy on the way in);
-outputs go back as views into the model's own output buffer, cut at each request's rows. A
-Triton Python model takes the requests unstacked instead and answers each one itself,
-possibly with an error of its own.
+outputs go back as views into the model's own output buffer, cut at each request's rows. On a
+CUDA instance the inputs are stacked into its pinned buffers and the outputs come back through
+its stream instead (`sluice.workers.cuda_staging`). A Triton Python model takes the requests
+unstacked instead and answers each one itself, possibly with an error of its own.
 """
 
 from __future__ import annotations
@@ -23,9 +24,16 @@ from sluice.shared.errors import ModelExecutionError, SluiceError
 from sluice.shared.model_config import ModelSpec
 from sluice.shared.protocol import Request, Tensor
 from sluice.workers.backends import Infer
+from sluice.workers.cuda_staging import CudaStaging, stack_into
 from sluice.workers.python_backend.instance import TritonInstance
 
 _TORCH_DTYPE_FOR_BF16 = torch.bfloat16
+#: the torch dtype of each fixed-size datatype, to view a staged input's bytes as.
+_TORCH_DTYPE = {
+    name: _TORCH_DTYPE_FOR_BF16 if name == "BF16" else torch.from_numpy(np.empty(0, dt)).dtype
+    for name, dt in NUMPY_DTYPE.items()
+    if name != "BYTES"
+}
 
 
 @dataclass(slots=True)
@@ -37,7 +45,8 @@ class BatchTiming:
     output_ns: int = 0
 
 
-def _stack(requests: Sequence[Request], name: str, datatype: str) -> np.ndarray:
+def _parts(requests: Sequence[Request], name: str, datatype: str) -> list[np.ndarray]:
+    """Each request's `name` input as an array over its wire bytes (BYTES: decoded)."""
     parts = []
     for request in requests:
         tensor = next(t for t in request.inputs if t.name == name)
@@ -48,9 +57,22 @@ def _stack(requests: Sequence[Request], name: str, datatype: str) -> np.ndarray:
         else:
             dtype = NUMPY_DTYPE[datatype]
             parts.append(np.frombuffer(tensor.data, dtype=dtype).reshape(tensor.shape))
+    return parts
+
+
+def _stack(requests: Sequence[Request], name: str, datatype: str) -> np.ndarray:
+    parts = _parts(requests, name, datatype)
     if len(parts) == 1 and datatype == "BYTES":
         return parts[0]
     return np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
+
+
+def _model_shape(
+    shape: tuple[int, ...], spec_reshape: tuple[int, ...] | None, batched: bool
+) -> tuple[int, ...]:
+    if spec_reshape is None:
+        return shape
+    return (shape[0], *spec_reshape) if batched else spec_reshape
 
 
 def _to_model_input(
@@ -61,7 +83,7 @@ def _to_model_input(
     device: torch.device,
 ) -> object:
     if spec_reshape is not None:
-        array = array.reshape((array.shape[0], *spec_reshape) if batched else spec_reshape)
+        array = array.reshape(_model_shape(array.shape, spec_reshape, batched))
     if datatype == "BYTES":
         return array
     tensor = torch.from_numpy(array)
@@ -71,14 +93,24 @@ def _to_model_input(
 
 
 def collate(
-    spec: ModelSpec, requests: Sequence[Request], device: torch.device
+    spec: ModelSpec,
+    requests: Sequence[Request],
+    device: torch.device,
+    staging: CudaStaging | None = None,
 ) -> dict[str, object]:
-    """The model's named inputs for `requests` stacked along the batch dim."""
+    """The model's named inputs for `requests` stacked along the batch dim (through `staging`'s
+    pinned buffers and stream when given, BYTES aside)."""
     batched = spec.max_batch_size > 0
     inputs: dict[str, object] = {}
     for io in spec.inputs:
         if not any(t.name == io.name for t in requests[0].inputs):
             continue  # an optional input the requests left out
+        if staging is not None and io.datatype != "BYTES":
+            parts = _parts(requests, io.name, io.datatype)
+            raw, shape = stack_into(staging.buffers, io.name, parts, NUMPY_DTYPE[io.datatype])
+            shape = _model_shape(shape, io.reshape, batched)
+            inputs[io.name] = staging.to_device(raw, _TORCH_DTYPE[io.datatype], shape)
+            continue
         array = _stack(requests, io.name, io.datatype)
         inputs[io.name] = _to_model_input(array, io.datatype, io.reshape, batched, device)
     return inputs
@@ -184,22 +216,29 @@ def run_batch(
     sizes: Sequence[int],
     device: torch.device,
     stacked: Callable[[], None] = lambda: None,
+    staging: CudaStaging | None = None,
 ) -> BatchOutputs:
     """Run one batch on one instance; called in the instance's thread. `stacked` is called
-    once the inputs are stacked (or failed to stack), just before the model runs."""
+    once the inputs are stacked (or failed to stack), just before the model runs. With the
+    instance's CUDA `staging`, the model runs on its stream and the infer phase ends with the
+    outputs in host memory (the batch's one synchronize)."""
     if isinstance(infer, TritonInstance):
         return _run_requests(infer, requests, stacked)
     timing = BatchTiming()
     t0 = time.perf_counter_ns()
     try:
-        inputs = collate(spec, requests, device)
+        inputs = collate(spec, requests, device, staging)
     finally:
         stacked()
     t1 = time.perf_counter_ns()
     with torch.inference_mode():
-        outputs = infer(inputs)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        if staging is not None:
+            with torch.cuda.stream(staging.stream):
+                outputs = staging.to_host(infer(inputs))
+        else:
+            outputs = infer(inputs)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
     t2 = time.perf_counter_ns()
     results = split(spec, requests, sizes, outputs)
     t3 = time.perf_counter_ns()

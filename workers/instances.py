@@ -28,7 +28,8 @@ from sluice.shared.errors import ModelExecutionError, SluiceError
 from sluice.shared.model_config import ModelSpec
 from sluice.shared.protocol import Request, Result, Tensor
 from sluice.shared.stats import BatchStats
-from sluice.workers.backends import Infer, close_instance
+from sluice.workers.backends import Infer, close_instance, instance_devices
+from sluice.workers.cuda_staging import CudaStaging
 from sluice.workers.execution import BatchOutputs, adopt_torch_threads, run_batch
 from sluice.workers.python_backend.instance import TritonInstance
 
@@ -54,6 +55,12 @@ class Instances:
         self.by_version = instances
         self.default_version = max(instances)
         self.device = device
+        #: each lane's CUDA stream and pinned buffers (None: a lane on the CPU); a lane's
+        #: device is where `instance_devices` placed the instance of its index.
+        self._staging = [
+            CudaStaging(lane_device) if lane_device.type == "cuda" else None
+            for lane_device in (instance_devices(spec) if device.type == "cuda" else ())
+        ]
         self.handoff_timeout_s = handoff_timeout_s
         #: the model answers each request itself: never split a batch, never run on the loop.
         self.answers_each = any(
@@ -75,17 +82,28 @@ class Instances:
         """The batch's run on its lane's thread, taken up by it by the time this returns (or
         after `handoff_timeout_s`), or done right here (`here`)."""
         infer = self.by_version[requests[0].version][lane]
+        staging = self._staging[lane] if self._staging else None
         loop = asyncio.get_running_loop()
         if not here:
             stacked = threading.Event()
             running = loop.run_in_executor(
-                self._pool, run_batch, self.spec, infer, requests, sizes, self.device, stacked.set
+                self._pool,
+                run_batch,
+                self.spec,
+                infer,
+                requests,
+                sizes,
+                self.device,
+                stacked.set,
+                staging,
             )
             stacked.wait(self.handoff_timeout_s)
             return running
         done: asyncio.Future[BatchOutputs] = loop.create_future()
         try:
-            done.set_result(run_batch(self.spec, infer, requests, sizes, self.device))
+            done.set_result(
+                run_batch(self.spec, infer, requests, sizes, self.device, staging=staging)
+            )
         except Exception as exc:  # reported by run_isolating, as from the lane's thread
             done.set_exception(exc)
         return done

@@ -24,7 +24,7 @@ import logging
 import shutil
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -48,7 +48,7 @@ from sluice.shared.repository import (
     scan_repository,
 )
 from sluice.shared.repository_control import DesiredModel, override_path, read_files
-from sluice.workers.backends import Infer, choose_device, load_instance
+from sluice.workers.backends import Infer, instance_devices, load_instance
 from sluice.workers.handoff import hand_back, undelivered
 from sluice.workers.model_queue import ModelQueue
 
@@ -89,18 +89,20 @@ def configure_threads(entries: list[ModelEntry]) -> None:
             log.warning("INTER_OP_THREAD_COUNT not applied: %s", exc)
 
 
-def load_model(entry: ModelEntry) -> tuple[dict[int, list[Infer]], torch.device]:
-    """Every selected version, `instance_count` instances each."""
+def load_model(entry: ModelEntry) -> tuple[ModelEntry, dict[int, list[Infer]], torch.device]:
+    """Every selected version, one instance on each placed device; the entry comes back with
+    its spec's `instance_count` the number placed (a GPU group's count is per GPU)."""
     assert entry.spec is not None
-    device = choose_device(entry.spec)
+    devices = instance_devices(entry.spec)
+    spec = replace(entry.spec, instance_count=len(devices))
     instances = {
         version: [
-            load_instance(entry.spec, entry.path, version, device, index)
-            for index in range(entry.spec.instance_count)
+            load_instance(spec, entry.path, version, device, index)
+            for index, device in enumerate(devices)
         ]
         for version in entry.versions
     }
-    return instances, device
+    return replace(entry, spec=spec), instances, devices[0]
 
 
 def check_ensemble(entry: ModelEntry, repository: Path, complete: Completer | None) -> None:
@@ -227,7 +229,7 @@ class ModelManager:
                     self.ensembles[entry.name] = entry
                     self.statuses[entry.name] = ModelStatus(list(entry.versions), None)
                     continue
-                instances, device = load_model(entry)
+                entry, instances, device = load_model(entry)
             except ModelConfigError as exc:
                 log.error("model %r not loaded: %s", entry.name, exc.message)
                 self.statuses[entry.name] = ModelStatus([], exc.message)
@@ -389,8 +391,7 @@ class ModelManager:
         if entry.spec.kind == ENSEMBLE_KIND:
             await asyncio.to_thread(check_ensemble, entry, self.repository, self.complete)
             return entry, {}, torch.device("cpu")
-        instances, device = await asyncio.to_thread(load_model, entry)
-        return entry, instances, device
+        return await asyncio.to_thread(load_model, entry)
 
     async def _unload(self, name: str, generation: int) -> None:
         queue = self.queues.get(name)

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from sluice.shared.errors import ModelConfigError
 from sluice.shared.model_config import BACKEND_RULES, ModelSpec
+from sluice.workers import placement
 from sluice.workers.python_backend.instance import TritonInstance
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
@@ -67,18 +68,20 @@ BACKENDS: dict[str, Backend] = {
 }
 
 
-def choose_device(spec: ModelSpec) -> torch.device:
-    """cuda when the config allows a GPU and one is present, else CPU (with a warning if asked);
-    CPU for a backend that takes its inputs in host memory."""
+def instance_devices(spec: ModelSpec) -> tuple[torch.device, ...]:
+    """Each instance's device, placed as Triton places `instance_group` on the GPUs this worker
+    sees (`sluice.workers.placement`; ModelConfigError with Triton's reason for KIND_GPU it
+    cannot honour); all CPU for a backend that takes its inputs in host memory (it picks its
+    own device)."""
     backend = BACKENDS.get(spec.kind)
     if backend is not None and backend.host_inputs:
-        return torch.device("cpu")
-    wants_gpu = spec.instance_kind in ("KIND_GPU", "KIND_AUTO")
-    if wants_gpu and torch.cuda.is_available():
-        return torch.device("cuda")
-    if spec.instance_kind == "KIND_GPU":
-        log.warning("model %r asks for KIND_GPU but no GPU is present: running on CPU", spec.name)
-    return torch.device("cpu")
+        return (torch.device("cpu"),) * spec.instance_count
+    return placement.instance_devices(spec.config_json, torch.cuda.device_count())
+
+
+def choose_device(spec: ModelSpec) -> torch.device:
+    """The model's first instance's device (the one it is reported as running on)."""
+    return instance_devices(spec)[0]
 
 
 def load_instance(
