@@ -1,6 +1,7 @@
 """Build the example models into a model repository, offline.
 
     python examples/build_models.py [--repository examples/model_repository] [--force]
+                                    [--models mlp,charlm]
 
 The config.pbtxt and labels files are written by hand and committed; only the model files in
 `<model>/1/` are generated here. Models whose file exists are skipped unless --force.
@@ -20,9 +21,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import xgboost
-from sklearn.datasets import load_breast_cancer, load_digits
-from sklearn.model_selection import train_test_split
 from torch import nn
 
 DEFAULT_REPOSITORY = Path(__file__).resolve().parent / "model_repository"
@@ -143,6 +141,9 @@ def build_mlp_tf(version_dir: Path) -> None:
 
 def build_digits(version_dir: Path) -> None:
     """A small CNN on scikit-learn's bundled 8x8 digits; input [N,1,8,8] in 0..1, 10 logits."""
+    from sklearn.datasets import load_digits  # only here: `--models mlp` needs torch alone
+    from sklearn.model_selection import train_test_split
+
     torch.manual_seed(0)
     digits = load_digits()
     images = torch.tensor(digits.images / 16.0, dtype=torch.float32).unsqueeze(1)
@@ -179,6 +180,10 @@ def build_digits(version_dir: Path) -> None:
 def build_breast_cancer_xgb(version_dir: Path) -> None:
     """An XGBoost classifier on scikit-learn's bundled breast-cancer data, saved as UBJSON for
     Triton's FIL config (`model_type: xgboost_ubj`)."""
+    import xgboost
+    from sklearn.datasets import load_breast_cancer
+    from sklearn.model_selection import train_test_split
+
     features, labels = load_breast_cancer(return_X_y=True)
     x_train, x_test, y_train, y_test = train_test_split(
         features.astype("float32"), labels, test_size=0.2, random_state=0, stratify=labels
@@ -240,9 +245,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Build the example models, offline.")
     parser.add_argument("--repository", type=Path, default=DEFAULT_REPOSITORY)
     parser.add_argument("--force", action="store_true", help="rebuild existing model.pt files")
+    parser.add_argument("--models", help="comma-separated models to build (default: all)")
     args = parser.parse_args()
+    wanted = args.models.split(",") if args.models else list(BUILDERS)
+    unknown = set(wanted) - BUILDERS.keys()
+    if unknown:
+        parser.error(f"no such example model: {', '.join(sorted(unknown))}")
     torch.set_num_threads(1)  # CPU kernels then reduce in one order: the same weights everywhere
     for name, (filename, build) in BUILDERS.items():
+        if name not in wanted:
+            continue
         version_dir = args.repository / name / "1"
         if (version_dir / filename).exists() and not args.force:
             print(f"{name}: {version_dir / filename} exists, skipped (--force rebuilds)")

@@ -1,0 +1,288 @@
+"""GPU check: the reference MLP and a wide MLP on KIND_GPU, each model alone, through the
+worker's batch path, and served (sluice serve, `sluice bench` at c=1 and c=64), with the GPU's
+utilisation read from NVML during each served level.
+
+    bash benchmarks/gpu_check.sh                  # on a machine with one GPU (sets up a venv)
+    python benchmarks/gpu_check.py --cpu-dry-run  # the same steps, tiny and on the CPU
+
+Columns: `alone` is the model's forward at batch 64 on inputs already on the device (what the
+GPU can do); `worker path` is `run_batch` on 64 one-row requests through the instance's staging
+(pinned buffers, its stream, outputs back to the host: the worker without Redis or HTTP);
+`c=N` is served throughput with N clients of one row each, its median latency, the mean batch
+the model ran and the GPU's mean utilisation over the level. Figures go to --out (default
+$OUT, if set) as gpu_check.json and gpu_check.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import shutil
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "examples"))
+from backends import load_once, wait_ready  # noqa: E402
+from build_models import save_torchscript  # noqa: E402
+from compare_triton import EXAMPLES  # noqa: E402
+from http_servers import running  # noqa: E402
+from sluice.shared import device_metrics as dm  # noqa: E402
+from sluice.shared.model_config import load_model_config  # noqa: E402
+from sluice.shared.protocol import Request, Tensor  # noqa: E402
+from sluice.workers.backends import load_instance  # noqa: E402
+from sluice.workers.cuda_staging import CudaStaging  # noqa: E402
+from sluice.workers.device_sampler import GpuSampler, cuda_gpu_uuids, open_nvml  # noqa: E402
+from sluice.workers.execution import run_batch  # noqa: E402
+
+from sluice.embedded_redis import EmbeddedRedis  # noqa: E402
+
+BATCH = 64
+LEVELS = (1, 64)
+#: sluice bench's windows: short, so four levels fit the check's 10 minutes with room to spare.
+BENCH_ENV = {"SLUICE_BENCH_WINDOW_MS": "2000", "SLUICE_BENCH_MAX_TRIALS": "6"}
+DRY_BENCH_ENV = {"SLUICE_BENCH_WINDOW_MS": "1000", "SLUICE_BENCH_MAX_TRIALS": "3"}
+#: NVML's utilisation covers the last 1/6 s to 1 s: read a few times a second.
+SAMPLE_S = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class Wide:
+    """An MLP of `layers` hidden layers `hidden` wide, `width` in and out."""
+
+    width: int
+    hidden: int
+    layers: int
+
+    def module(self, device: torch.device) -> torch.nn.Module:
+        torch.manual_seed(0)
+        sizes = [self.width, *[self.hidden] * self.layers, self.width]
+        layers: list[torch.nn.Module] = []
+        for a, b in itertools.pairwise(sizes):
+            layers += [torch.nn.Linear(a, b, device=device), torch.nn.ReLU()]
+        return torch.nn.Sequential(*layers[:-1]).eval()  # no ReLU after the last layer
+
+
+#: 4096 -> 4 x 8192 -> 4096, FP32: 268 M parameters, 34 GFLOP a batch of 64.
+WIDE = Wide(4096, 8192, 4)
+DRY_WIDE = Wide(256, 512, 2)
+
+CONFIG = """name: "{name}"
+platform: "pytorch_libtorch"
+max_batch_size: {batch}
+input [ {{ name: "INPUT__0" data_type: TYPE_FP32 dims: [ {width} ] }} ]
+output [ {{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ {width} ] }} ]
+dynamic_batching {{ max_queue_delay_microseconds: 1000 }}
+instance_group [ {{ count: 2 kind: {kind} }} ]
+"""
+
+
+def repository(root: Path, wide: Wide, device: torch.device) -> dict[str, int]:
+    """The reference MLP (examples/build_models.py's) and the wide MLP, two instances each on
+    `device`'s kind; each model's input width."""
+    kind = "KIND_GPU" if device.type == "cuda" else "KIND_CPU"
+    if not (EXAMPLES / "mlp" / "1" / "model.pt").exists():
+        raise SystemExit("build the reference MLP first: python examples/build_models.py")
+    (root / "mlp" / "1").mkdir(parents=True)
+    shutil.copy(EXAMPLES / "mlp" / "1" / "model.pt", root / "mlp" / "1" / "model.pt")
+    (root / "wide" / "1").mkdir(parents=True)
+    example = torch.zeros(1, wide.width, device=device)
+    save_torchscript(wide.module(device), example, root / "wide" / "1" / "model.pt")
+    widths = {"mlp": 512, "wide": wide.width}
+    for name, width in widths.items():
+        config = CONFIG.format(name=name, batch=BATCH, width=width, kind=kind)
+        (root / name / "config.pbtxt").write_text(config)
+    return widths
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def alone(model_dir: Path, width: int, device: torch.device, seconds: float) -> float:
+    """Rows per second of the model's forward at batch 64, its inputs on the device."""
+    spec = load_model_config(model_dir)
+    infer = load_instance(spec, model_dir, 1, device, 0)
+    assert callable(infer)
+    inputs = {"INPUT__0": torch.randn(BATCH, width, device=device)}
+    with torch.inference_mode():
+        for _ in range(10):
+            infer(inputs)
+        synchronize(device)
+        calls, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            for _ in range(10):
+                infer(inputs)
+            synchronize(device)
+            calls += 10
+    return calls * BATCH / (time.perf_counter() - start)
+
+
+def worker_path(model_dir: Path, width: int, device: torch.device, seconds: float) -> float:
+    """Rows per second of the worker's batch path (stack, copy in, run, copy out, cut) on 64
+    one-row requests, through an instance's staging on a GPU."""
+    spec = load_model_config(model_dir)
+    infer = load_instance(spec, model_dir, 1, device, 0)
+    staging = CudaStaging(device) if device.type == "cuda" else None
+    row = torch.randn(1, width).numpy().tobytes()
+    requests = [
+        Request(f"r{i}", 1, 0, "check", [Tensor("INPUT__0", "FP32", (1, width), row)])
+        for i in range(BATCH)
+    ]
+    sizes = [1] * BATCH
+    for _ in range(10):
+        run_batch(spec, infer, requests, sizes, device, staging=staging)
+    batches, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        run_batch(spec, infer, requests, sizes, device, staging=staging)
+        batches += 1
+    return batches * BATCH / (time.perf_counter() - start)
+
+
+class Utilisation:
+    """The GPUs' mean NVML utilisation while the block runs (None: no GPU or no NVML)."""
+
+    def __init__(self, gpus: GpuSampler | None) -> None:
+        self.gpus = gpus
+        self.readings: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        assert self.gpus is not None
+        while not self._stop.wait(SAMPLE_S):
+            for sample in self.gpus.sample().values():
+                if dm.GPU_UTILIZATION.name in sample:
+                    self.readings.append(float(sample[dm.GPU_UTILIZATION.name]))
+
+    def __enter__(self) -> Utilisation:
+        if self.gpus is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    @property
+    def mean(self) -> float | None:
+        return statistics.fmean(self.readings) if self.readings else None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def served(repo: Path, models: list[str], gpus: GpuSampler | None) -> dict[str, dict[str, Any]]:
+    """Each model's figures at each level, served by sluice serve on an embedded Redis."""
+    ports = [free_port() for _ in range(3)]
+    rows: dict[str, dict[str, Any]] = {}
+    with EmbeddedRedis() as redis_server:
+        command = [sys.executable, "-m", "sluice", "serve", "--model-repository", str(repo)]
+        command += ["--redis-url", redis_server.url, "--http-port", str(ports[0])]
+        command += ["--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])]
+        with running([*command, "--bulk-workers", "0", "--log-level", "warning"]):
+            url = f"127.0.0.1:{ports[0]}"
+            wait_ready(url, models)
+            for model in models:
+                for level in LEVELS:
+                    with Utilisation(gpus) as utilisation:
+                        row = load_once(url, model, level)
+                    row["gpu_util"] = utilisation.mean
+                    print(f"served {model} c={level}: {row}", flush=True)
+                    rows[f"{model} c={level}"] = row
+    return rows
+
+
+def cell(value: object, fmt: str) -> str:
+    return "n/a" if value is None else format(value, fmt)
+
+
+def table(figures: dict[str, Any]) -> str:
+    lines = [
+        "| model | alone b=64 rows/s | worker path b=64 rows/s | c=1 infer/s | c=1 p50 ms "
+        "| c=1 GPU util | c=64 infer/s | c=64 p50 ms | c=64 mean batch | c=64 GPU util |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for model, row in figures["models"].items():
+        cells = [model, cell(row["alone"], ",.0f"), cell(row["worker_path"], ",.0f")]
+        for level in LEVELS:
+            run = figures["served"].get(f"{model} c={level}", {})
+            if "error" in run or not run:
+                cells += [run.get("error", "-"), "-", "-"] + (["-"] if level > 1 else [])
+                continue
+            cells += [cell(run["throughput"], ",.0f"), cell(run["p50_ms"], ".2f")]
+            cells += [cell(run["batch"], ".1f")] if level > 1 else []
+            cells.append(cell(run["gpu_util"], ".0%"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cpu-dry-run", action="store_true", help="tiny, on the CPU")
+    parser.add_argument("--seconds", type=float, default=3.0, help="per model-alone figure")
+    parser.add_argument("--out", type=Path, default=os.environ.get("OUT") or None)
+    args = parser.parse_args()
+    started = time.monotonic()
+    if args.cpu_dry_run:
+        device, wide, seconds = torch.device("cpu"), DRY_WIDE, 0.5
+    elif torch.cuda.is_available():
+        device, wide, seconds = torch.device("cuda", 0), WIDE, args.seconds
+    else:
+        raise SystemExit("no CUDA device: run on a machine with a GPU, or with --cpu-dry-run")
+    os.environ.update(DRY_BENCH_ENV if args.cpu_dry_run else BENCH_ENV)
+    repo = Path(tempfile.mkdtemp(prefix="gpu-check-")) / "models"
+    try:
+        widths = repository(repo, wide, device)
+        figures: dict[str, Any] = {
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__,
+            "wide": asdict(wide),
+            "models": {},
+        }
+        for model, width in widths.items():
+            figures["models"][model] = {
+                "alone": alone(repo / model, width, device, seconds),
+                "worker_path": worker_path(repo / model, width, device, seconds),
+            }
+            print(f"{model}: {figures['models'][model]}", flush=True)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # the served instances load in a process of their own
+        gpus = open_nvml(cuda_gpu_uuids())
+        try:
+            figures["served"] = served(repo, list(widths), gpus)
+        finally:
+            if gpus is not None:
+                gpus.close()
+    finally:
+        shutil.rmtree(repo.parent, ignore_errors=True)
+    figures["seconds"] = round(time.monotonic() - started, 1)
+    report = f"{figures['device']}, torch {figures['torch']}, {figures['seconds']} s\n\n"
+    report += table(figures)
+    print(report)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "gpu_check.json").write_text(json.dumps(figures, indent=2) + "\n")
+        (args.out / "gpu_check.md").write_text(report + "\n")
+
+
+if __name__ == "__main__":
+    main()
