@@ -11,7 +11,7 @@ from sluice.shared.errors import ModelConfigError
 from sluice.shared.model_config import load_model_config
 from sluice.shared.repository import scan_model
 from sluice.workers.model_manager import load_model
-from sluice.workers.placement import instance_devices
+from sluice.workers.placement import instance_devices, instance_slots
 
 CPU = torch.device("cpu")
 
@@ -35,6 +35,14 @@ def test_a_gpu_group_places_count_instances_on_each_listed_gpu(tmp_path: Path) -
     cfg = config(tmp_path, "instance_group [ { kind: KIND_GPU count: 2 gpus: [ 0, 1 ] } ]")
     assert instance_devices(cfg, 2) == (cuda(0), cuda(1), cuda(0), cuda(1))
     assert instance_devices(cfg, 4) == (cuda(0), cuda(1), cuda(0), cuda(1))
+
+
+def test_instances_of_one_number_share_their_name_across_gpus(tmp_path: Path) -> None:
+    """Triton names a GPU group's instances `<group>_<n>`, one of each n per GPU."""
+    groups = "instance_group [ { name: 'g' kind: KIND_GPU count: 2 gpus: [ 0, 1 ] } ]"
+    cfg = config(tmp_path, groups)
+    slots = [(s.group, s.number, s.device) for s in instance_slots(cfg, 2)]
+    assert slots == [("g", 0, cuda(0)), ("g", 0, cuda(1)), ("g", 1, cuda(0)), ("g", 1, cuda(1))]
 
 
 def test_a_gpu_group_listing_no_gpu_takes_every_visible_one(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ KIND_CPU and KIND_MODEL (placement left to the backend) run on the CPU here.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,18 +22,34 @@ CPU = torch.device("cpu")
 MIN_COMPUTE_CAPABILITY = "6.000000"
 
 
-def instance_devices(config: Mapping[str, Any], gpu_count: int) -> tuple[torch.device, ...]:
-    """One device per instance, in instance order, for a model config as Triton's JSON
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """One instance: its group's name and kind, its number in the group and its device. Triton
+    names it `<group>_<number>`; a GPU group's instances of one number, one per GPU, share it."""
+
+    group: str
+    kind: str
+    number: int
+    device: torch.device
+
+
+def instance_slots(config: Mapping[str, Any], gpu_count: int) -> tuple[Slot, ...]:
+    """Every instance, in instance order, for a model config as Triton's JSON
     (`ModelSpec.config_json`, its groups' defaults filled in)."""
-    devices: list[torch.device] = []
+    model = config.get("name", "")
+    slots: list[Slot] = []
     for group in config.get("instance_group") or [{}]:
-        count = int(group.get("count", 1))
-        gpus = _group_gpus(config.get("name", ""), group, gpu_count)
-        if gpus is None:
-            devices.extend([CPU] * count)
-        else:
-            devices.extend(torch.device("cuda", gpu) for _ in range(count) for gpu in gpus)
-    return tuple(devices)
+        gpus = _group_gpus(model, group, gpu_count)
+        devices = [CPU] if gpus is None else [torch.device("cuda", gpu) for gpu in gpus]
+        name, kind = group.get("name", model), group.get("kind", "KIND_AUTO")
+        for number in range(int(group.get("count", 1))):
+            slots.extend(Slot(name, kind, number, device) for device in devices)
+    return tuple(slots)
+
+
+def instance_devices(config: Mapping[str, Any], gpu_count: int) -> tuple[torch.device, ...]:
+    """One device per instance, in instance order."""
+    return tuple(slot.device for slot in instance_slots(config, gpu_count))
 
 
 def _group_gpus(model: str, group: Mapping[str, Any], gpu_count: int) -> Sequence[int] | None:

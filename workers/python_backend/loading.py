@@ -24,6 +24,7 @@ import torch
 from google.protobuf import json_format
 from sluice.shared.errors import ModelConfigError
 from sluice.shared.model_config import ModelSpec, triton_config_json
+from sluice.workers.placement import Slot, instance_slots
 from sluice.workers.python_backend import pb_utils
 from sluice.workers.python_backend.instance import TritonInstance
 from sluice.workers.python_backend.model_config import ModelConfig
@@ -76,35 +77,23 @@ def _forget_modules_under(folder: Path, names: set[str]) -> None:
 def initialize_args(
     spec: ModelSpec, model_dir: Path, version: int, device: torch.device, index: int
 ) -> dict[str, str]:
-    """Triton's seven `initialize(args)` keys for the model's instance number `index`."""
-    group_name, in_group, kind, gpus = _group_of(spec.config_json, index)
+    """Triton's seven `initialize(args)` keys for the model's instance number `index`, on
+    `device` (where `sluice.workers.placement` put it)."""
+    slots = instance_slots(spec.config_json, torch.cuda.device_count())
+    slot = slots[index] if index < len(slots) else Slot(spec.name, "KIND_AUTO", index, device)
     if device.type == "cuda":
-        kind_text = "GPU"
-        device_id = str(gpus[in_group % len(gpus)] if gpus else device.index or 0)
+        kind_text, device_id = "GPU", str(device.index or 0)
     else:
-        kind_text = "MODEL" if kind == "KIND_MODEL" else "CPU"
-        device_id = "0"
+        kind_text, device_id = ("MODEL" if slot.kind == "KIND_MODEL" else "CPU"), "0"
     return {
         "model_config": orjson.dumps(spec.config_json).decode(),
         "model_instance_kind": kind_text,
-        "model_instance_name": f"{group_name}_{in_group}",
+        "model_instance_name": f"{slot.group}_{slot.number}",
         "model_instance_device_id": device_id,
         "model_repository": str(model_dir),
         "model_version": str(version),
         "model_name": spec.name,
     }
-
-
-def _group_of(config: dict[str, Any], index: int) -> tuple[str, int, str, list[int]]:
-    """The instance group of instance `index`: its name, the index within it, kind, GPUs."""
-    remaining = index
-    groups = config.get("instance_group") or []
-    for group in groups:
-        count = int(group.get("count", 1))
-        if remaining < count:
-            return group["name"], remaining, group.get("kind", "KIND_AUTO"), group.get("gpus", [])
-        remaining -= count
-    return config.get("name", ""), index, "KIND_AUTO", []
 
 
 def triton_instance(
