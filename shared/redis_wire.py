@@ -10,9 +10,10 @@ in the transport's callback, straight into the waiting call, which spares the cl
 redis-py's own read path. Replies come as hiredis gives them: XREAD's is a map under RESP3
 (`stream_entries` reads both forms) and stream fields are flat [name, value, ...] lists, which
 `sluice.shared.protocol` reads too. A cluster client has no single connection to send on, so there a
-Wire goes through the client, which routes each command by its key. On a Sentinel-managed
-client, redis-py's connection asks the sentinels for the master when it connects, so a Wire
-follows a failover by reconnecting.
+Wire goes through the client, which routes each command by its key; a stream read, whose keys
+redis-py would ask the server for (COMMAND GETKEYS, twice, on its default node), goes straight
+to the node of its first stream. On a Sentinel-managed client, redis-py's connection asks the
+sentinels for the master when it connects, so a Wire follows a failover by reconnecting.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ import asyncio
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import chain
-from typing import Any
+from typing import Any, cast
 
 import hiredis
 import redis.asyncio as aioredis
 from redis._parsers.base import BaseParser
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ReadOnlyError, RedisError
@@ -33,6 +35,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from sluice.shared.redis_client import is_cluster
 
 Command = Sequence[Any]
+
+#: commands with keys redis-py's cluster client cannot find by itself.
+_STREAM_READS = frozenset({"XREAD", "XREADGROUP"})
 
 #: arguments longer than this go out as buffers of their own, not copied into the command.
 _SEPARATE_BYTES = 16_384
@@ -64,6 +69,18 @@ def pack(commands: Sequence[Command]) -> list[bytes | bytearray | memoryview]:
                 parts += [arg, b"\r\n"]
     buffers.append(b"".join(parts))
     return buffers
+
+
+def _read_key(command: Command) -> Any:
+    """The first stream of an XREAD or XREADGROUP (its keys share one slot); None for
+    other commands."""
+    name = command[0]
+    if (name.decode() if isinstance(name, bytes) else str(name)).upper() not in _STREAM_READS:
+        return None
+    for index, arg in enumerate(command):
+        if arg in ("STREAMS", b"STREAMS"):
+            return command[index + 1]
+    return None
 
 
 def stream_entries(reply: Any) -> Iterable[tuple[bytes, list[Any]]]:
@@ -215,7 +232,13 @@ class Wire:
 
     async def _through_client(self, commands: Sequence[Command]) -> list[Any]:
         if len(commands) == 1:
-            return [await self._client.execute_command(*commands[0])]
+            key = _read_key(commands[0])
+            if key is None:
+                return [await self._client.execute_command(*commands[0])]
+            cluster = cast("AsyncRedisCluster", self._client)
+            await cluster.initialize()  # its slots, for the node (once; then a no-op)
+            node = cluster.get_node_from_key(key)
+            return [await cluster.execute_command(*commands[0], target_nodes=node)]
         async with self._client.pipeline(transaction=False) as pipe:
             for command in commands:
                 pipe.execute_command(*command)

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from sluice.shared.redis_client import async_client, is_cluster, sync_client
 from sluice.shared.redis_wire import Wire, pack, stream_entries, xadd
 
 from tests.conftest import free_port, wait_until
+from tests.redis_cluster import EmbeddedCluster
 
 
 @pytest.fixture
@@ -237,3 +239,35 @@ async def test_a_wire_speaks_over_tls(tls_redis_url: str) -> None:
     finally:
         await wire.close()
         await client.aclose()
+
+
+def test_a_stream_read_through_a_cluster_goes_to_its_node_without_key_lookups() -> None:
+    """redis-py's cluster client asks its default node for an XREAD's keys (COMMAND GETKEYS,
+    twice a call); a Wire names the stream's node itself."""
+
+    async def scenario(url: str) -> tuple[list[Any], int]:
+        client = async_client(url, socket_timeout_s=None)
+        wire = Wire(client)
+        try:
+            await client.initialize()
+            stream = "sluice:{m2:wire}:requests"
+            await client.xadd(stream, {"f": "v"})
+            nodes = client.get_primaries()
+            before = [await client.info("commandstats", target_nodes=n) for n in nodes]
+            reply = await wire.call("XREAD", "COUNT", 5, "STREAMS", stream, "0-0")
+            after = [await client.info("commandstats", target_nodes=n) for n in nodes]
+            lookups = sum(
+                a.get("cmdstat_command", {}).get("calls", 0)
+                - b.get("cmdstat_command", {}).get("calls", 0)
+                for a, b in zip(after, before, strict=True)
+            )
+            return list(stream_entries(reply)), lookups
+        finally:
+            await wire.close()
+            await client.aclose()
+
+    with EmbeddedCluster() as cluster:
+        entries, lookups = asyncio.run(scenario(cluster.url))
+    ((_, read),) = entries
+    assert len(read) == 1
+    assert lookups == 0

@@ -125,8 +125,9 @@ class StreamReader:
         count = share(count, len(self._partitions))
         for streams in self._partitions:
             try:
-                reply = await self.redis.xreadgroup(
-                    keys.WORKER_GROUP, self.consumer, dict.fromkeys(streams, ">"), count=count
+                reply = await self._reads.call(
+                    *("XREADGROUP", "GROUP", keys.WORKER_GROUP, self.consumer, "COUNT", count),
+                    *("STREAMS", *streams, *[">"] * len(streams)),
                 )
             except REDIS_ERRORS as exc:
                 log.warning("%s: catch-up read failed: %s", self.name, exc)
