@@ -37,7 +37,7 @@ from sluice.shared.protocol import (
 )
 from sluice.shared.queue_policy import QueuePolicy
 from sluice.shared.redis_client import REDIS_ERRORS, async_client, initialized
-from sluice.shared.redis_wire import stream_entries, xadd
+from sluice.shared.redis_wire import Wire, stream_entries, xadd
 from sluice.shared.registry import decode_model_record
 
 log = logging.getLogger(__name__)
@@ -186,6 +186,7 @@ class BlsClient:
 
     async def _read_replies(self) -> None:
         reader = async_client(self._url, socket_timeout_s=None)
+        reads = Wire(reader)  # on a cluster, straight to the stream's node
         last_id: bytes | str = "0-0"
         unread_trim = 0
         try:
@@ -194,8 +195,9 @@ class BlsClient:
                     if unread_trim >= TRIM_EVERY_ENTRIES:
                         await reader.xtrim(self.reply_stream, minid=last_id, approximate=True)
                         unread_trim = 0
-                    reply = await reader.xread(
-                        {self.reply_stream: last_id}, count=256, block=REPLY_BLOCK_MS
+                    reply = await reads.call(
+                        *("XREAD", "COUNT", 256, "BLOCK", REPLY_BLOCK_MS),
+                        *("STREAMS", self.reply_stream, last_id),
                     )
                 except REDIS_ERRORS as exc:
                     log.warning("BLS reply stream read failed (%s); retrying", exc)
@@ -206,9 +208,10 @@ class BlsClient:
                         last_id, unread_trim = entry_id, unread_trim + 1
                         self._resolve(fields)
         finally:
+            await reads.close()
             await reader.aclose()
 
-    def _resolve(self, fields: dict[bytes, bytes]) -> None:
+    def _resolve(self, fields: Any) -> None:
         try:
             settle_results(fields, self._waiting)
         except ProtocolError as exc:
