@@ -111,19 +111,29 @@ def test_statistics_of_partitions_sum() -> None:
     }
 
 
+#: the same model with two priority levels, each with a queue-size limit.
+LEVELS_MODEL = "hot_levels"
+LEVELS_CONFIG = CONFIG.replace(f'name: "{MODEL}"', f'name: "{LEVELS_MODEL}"').replace(
+    "dynamic_batching { max_queue_delay_microseconds: 20000 }",
+    "dynamic_batching { max_queue_delay_microseconds: 20000 priority_levels: 2 "
+    "default_priority_level: 2 default_queue_policy { max_queue_size: 1000 } }",
+)
+
+
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     repo = write_python_model(tmp_path_factory.mktemp("partitions"), MODEL, CONFIG, ROWS_MODEL)
+    write_python_model(repo, LEVELS_MODEL, LEVELS_CONFIG, ROWS_MODEL)
     with serving_alone(repo) as served:
         served.repo = repo  # type: ignore[attr-defined]
         yield served
 
 
-def _infer(url: str, value: int) -> tuple[int, int]:
+def _infer(url: str, value: int, model: str = MODEL, priority: int = 0) -> tuple[int, int]:
     with httpclient.InferenceServerClient(url) as client:
         tensor = httpclient.InferInput("IN", [1, 1], "INT64")
         tensor.set_data_from_numpy(np.array([[value]], np.int64))
-        result = client.infer(MODEL, [tensor])
+        result = client.infer(model, [tensor], priority=priority)
         return int(result.as_numpy("OUT")[0, 0]), int(result.as_numpy("ROWS")[0, 0])
 
 
@@ -162,6 +172,29 @@ def test_every_partition_is_dealt_entries_and_read_into_batches(service: Service
         stats = client.get_inference_statistics(MODEL)["model_stats"][0]
     assert int(stats["inference_count"]) >= 120  # summed over the partitions' statistics
     assert int(stats["execution_count"]) < int(stats["inference_count"])
+
+
+def test_priority_levels_and_queue_limits_work_per_partition(service: Service) -> None:
+    """Each level of each partition is its own stream, read and counted: every request is
+    answered, and every partition's queue-size counter of each level is back at 0."""
+
+    def one(value: int) -> tuple[int, tuple[int, int]]:
+        return value, _infer(service.http_url, value, LEVELS_MODEL, priority=1 + value % 2)
+
+    with ThreadPoolExecutor(12) as pool:
+        answers = dict(pool.map(one, range(96)))
+    assert {v: out for v, (out, _) in answers.items()} == {v: v + 1 for v in range(96)}
+    client = sync_client(service.redis_url)
+    try:
+        for partition in range(PARTITIONS):
+            for level in (1, 2):
+                stream = keys.request_stream(LEVELS_MODEL, level, partition)
+                (group,) = client.xinfo_groups(stream)
+                assert group["last-delivered-id"] not in (b"0-0", "0-0"), stream
+            sizes = client.hgetall(keys.queue_sizes(LEVELS_MODEL, partition))
+            assert {int(v) for v in sizes.values()} == {0} and len(sizes) == 2, sizes
+    finally:
+        client.close()
 
 
 @pytest.mark.skipif(not ON_CLUSTER, reason="shards exist on the cluster run")
