@@ -37,17 +37,28 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 from compare_triton import EXAMPLES, ROOT, mlp_repository, record_results, server_stats  # noqa: E402
 from peer_load import ERRORS, Load, Point, closed_loop, exchange, merged, tree_cpu_s  # noqa: E402
 from peer_report import report  # noqa: E402
-from peer_servers import INSTALLS, SETTINGS, Server, listening, setup, start, stop, venv_python  # noqa: E402
+from peer_servers import (  # noqa: E402
+    INSTALLS,
+    SETTINGS,
+    SLUICE_VARIANTS,
+    Server,
+    is_sluice,
+    listening,
+    setup,
+    start,
+    stop,
+    venv_python,
+)
 from peer_servers import version as peer_version  # noqa: E402
 
 from sluice.bench.http import encode_request  # noqa: E402
 from sluice.bench.payload import InputSpec, encode_infer  # noqa: E402
 
-PEERS = ["sluice", *INSTALLS]
+PEERS = [*SLUICE_VARIANTS, *INSTALLS]
 BASE_PORT = 18900
 READY_TIMEOUT_S = 300
 TOLERANCE = 1e-4
-KSERVE = {"sluice", "pytriton"}
+KSERVE = {*SLUICE_VARIANTS, "pytriton"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +137,7 @@ def check_answers(targets: list[Target], expected: np.ndarray) -> None:
 
 def executed(server: Server) -> tuple[int, int]:
     """(executions, inferences) so far: sluice's statistics, the peers' counters."""
-    if server.peer == "sluice":
+    if is_sluice(server.peer):
         inferences, executions, _ = server_stats(f"127.0.0.1:{server.port}")
         return executions, inferences
     return server.batches()
@@ -238,7 +249,7 @@ def start_all(
     failed: dict[str, str] = {}
     servers: dict[str, Server] = {}
     for i, peer in enumerate(peers):
-        if peer != "sluice" and not venv_python(peer).exists():
+        if not is_sluice(peer) and not venv_python(peer).exists():
             failed[peer] = "not installed (run with --setup)"
             continue
         servers[peer] = start(peer, BASE_PORT + 10 * i, model, repo)
@@ -297,7 +308,7 @@ def main() -> None:
     args = parser.parse_args()
     peers = [p for p in args.peers.split(",") if p]
     if args.setup:
-        setup([p for p in peers if p != "sluice"])
+        setup([p for p in peers if not is_sluice(p)])
         return
     levels = [int(c) for c in args.concurrency.split(",")]
     if not (EXAMPLES / "mlp" / "1" / "model.pt").exists():

@@ -1,10 +1,12 @@
 """The peer comparison as markdown: settings, one row per server, protocol and concurrency, and
-sluice's ratios to the best peer (throughput and p99 at the highest concurrency, p50 at the
-lowest)."""
+sluice's ratios (each variant's) to the best peer (throughput and p99 at the highest
+concurrency, p50 at the lowest)."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from peer_servers import is_sluice
 
 Row = dict[str, Any]
 
@@ -30,7 +32,7 @@ def _cells(row: Row) -> list[str]:
 
 def _best_peer(rows: list[Row], concurrency: int, key: str, lowest: bool) -> Row | None:
     found = [
-        r for r in rows if r["concurrency"] == concurrency and r["peer"] != "sluice" and key in r
+        r for r in rows if r["concurrency"] == concurrency and not is_sluice(r["peer"]) and key in r
     ]
     if not found:
         return None
@@ -38,21 +40,22 @@ def _best_peer(rows: list[Row], concurrency: int, key: str, lowest: bool) -> Row
 
 
 def ratios(rows: list[Row], levels: list[int]) -> list[str]:
-    """sluice (each protocol) against the best peer (any protocol)."""
+    """sluice (each variant and protocol) against the best peer (any protocol)."""
     low, high = min(levels), max(levels)
     top = _best_peer(rows, high, "throughput", lowest=False)
     fastest = _best_peer(rows, low, "p50_ms", lowest=True)
     lines = []
-    for protocol in ("json", "binary"):
+    served = sorted({r["peer"] for r in rows if is_sluice(r["peer"])}, key=len)
+    for name, protocol in ((n, p) for n in served for p in ("json", "binary")):
         ours = {
             r["concurrency"]: r
             for r in rows
-            if r["peer"] == "sluice" and r["protocol"] == protocol and "throughput" in r
+            if r["peer"] == name and r["protocol"] == protocol and "throughput" in r
         }
         if high in ours and top is not None:
             s = ours[high]
             lines.append(
-                f"- c={high}, sluice {protocol} / best peer ({top['peer']} {top['protocol']}): "
+                f"- c={high}, {name} {protocol} / best peer ({top['peer']} {top['protocol']}): "
                 f"throughput {s['throughput'] / top['throughput']:.2f}x "
                 f"({s['throughput']:,.0f} vs {top['throughput']:,.0f}/s), "
                 f"p99 {s['p99_ms'] / top['p99_ms']:.2f}x ({s['p99_ms']:.1f} vs "
@@ -61,7 +64,7 @@ def ratios(rows: list[Row], levels: list[int]) -> list[str]:
         if low in ours and fastest is not None:
             s = ours[low]
             lines.append(
-                f"- c={low}, sluice {protocol} p50 {s['p50_ms']:.2f} ms vs the lowest peer's "
+                f"- c={low}, {name} {protocol} p50 {s['p50_ms']:.2f} ms vs the lowest peer's "
                 f"({fastest['peer']} {fastest['protocol']}) {fastest['p50_ms']:.2f} ms: "
                 f"{s['p50_ms'] / fastest['p50_ms']:.2f}x"
             )

@@ -32,10 +32,16 @@ INSTALLS: dict[str, tuple[str, ...]] = {
     "bentoml": ("bentoml==1.4.40", "bentoml"),
     "litserve": ("litserve==0.2.19", "litserve", "numpy==2.4.6"),  # it needs no numpy itself
 }
+#: sluice as served by default (Triton's fixed batching delay) and with the opt-in adaptive
+#: delay, which skips the wait while requests arrive further apart than it: each a server
+#: of the comparison, so that both are measured side by side.
+SLUICE_VARIANTS = {"sluice": [], "sluice-adaptive": ["--batch-delay", "adaptive"]}
 #: how each server batches, for the report
 SETTINGS = {
     "sluice": "max_batch_size 64, max_queue_delay_microseconds 1000 (the example's config), "
     "1 worker, embedded Redis",
+    "sluice-adaptive": "as sluice, with the opt-in --batch-delay adaptive (the 1 ms delay is "
+    "skipped while requests arrive further apart than it; Triton's fixed wait otherwise)",
     "pytriton": "Triton dynamic batcher: max_batch_size 64, max_queue_delay_microseconds 1000; "
     "@batch infer function",
     "ray": "@serve.batch(max_batch_size=64, batch_wait_timeout_s=0.001), 1 replica, "
@@ -80,9 +86,13 @@ def setup(peers: list[str]) -> dict[str, str]:
     return outcome
 
 
+def is_sluice(peer: str) -> bool:
+    return peer in SLUICE_VARIANTS
+
+
 def version(peer: str) -> str:
     """The peer's and torch's versions as its venv has them."""
-    if peer == "sluice":
+    if is_sluice(peer):
         python, dist = sys.executable, "sluice-serve"
     else:
         python, dist = str(venv_python(peer)), INSTALLS[peer][1]
@@ -99,11 +109,12 @@ def version(peer: str) -> str:
 
 def command(peer: str, port: int, model: Path, counter: Path, repo: Path) -> list[str]:
     """How the peer is started, serving on 127.0.0.1:port."""
-    if peer == "sluice":
+    if is_sluice(peer):
         return [
             *(sys.executable, "-m", "sluice", "serve", "--model-repository", str(repo)),
             *("--http-port", str(port), "--grpc-port", str(port + 1)),
             *("--metrics-port", str(port + 2), "--log-level", "warning"),
+            *SLUICE_VARIANTS[peer],
         ]
     if peer == "bentoml":
         bentoml = str(HOME / peer / "bin" / "bentoml")
