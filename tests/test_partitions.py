@@ -211,31 +211,44 @@ def test_the_partitions_live_on_different_shards(service: Service) -> None:
 
 
 def test_a_worker_killed_under_load_loses_nothing(service: Service) -> None:
-    """Two more workers join; one is killed while 12 clients keep sending. Its entries, on
-    any partition, are taken over; every request gets its one right answer."""
+    """Two more workers join; one is killed, while it holds entries, as 12 clients keep
+    sending. Its entries, on any partition, are taken over; every request gets its one right
+    answer, and batches stay full after the kill."""
     repo = service.repo  # type: ignore[attr-defined]
     doomed = start_worker(repo, service.redis_url, *RECOVERY)
     survivor = start_worker(repo, service.redis_url, *RECOVERY)
-    results: dict[int, tuple[int, int]] = {}
+    stop = threading.Event()
+    answers: list[tuple[int, tuple[int, int]]] = []
+
+    def client_loop(value: int) -> None:
+        while not stop.is_set():
+            answers.append((value, _infer(service.http_url, value)))
+            value += 12
+
     try:
         wait_until(lambda: _workers_serving(service.redis_url) == 3, "three workers")
-        loading = threading.Thread(
-            target=lambda: results.update(_load(service.http_url, 12, 25, 1000))
-        )
-        loading.start()
-        wait_until(
-            lambda: _held(service.redis_url, doomed.pid), "entries held by the doomed worker"
-        )
-        doomed.send_signal(signal.SIGKILL)
-        doomed.wait(30)
-        loading.join(120)
-        assert not loading.is_alive()
+        with ThreadPoolExecutor(12) as pool:
+            loops = [pool.submit(client_loop, 1000 + i) for i in range(12)]
+            try:
+                wait_until(
+                    lambda: _held(service.redis_url, doomed.pid), "entries held by the doomed"
+                )
+                doomed.send_signal(signal.SIGKILL)
+                doomed.wait(30)
+                killed_at = len(answers)
+                wait_until(lambda: len(answers) >= killed_at + 120, "traffic after the kill")
+            finally:
+                stop.set()
+            for loop in loops:
+                loop.result()  # every request sent was answered, none failed
     finally:
         doomed.kill()
         survivor.terminate()
         assert survivor.wait(30) == 0
-    assert {v: out for v, (out, _) in results.items()} == {v: v + 1 for v in range(1000, 1300)}
-    assert max(rows for _, rows in results.values()) > 1
+    values = [value for value, _ in answers]
+    assert len(values) == len(set(values))  # one answer each
+    assert all(out == value + 1 for value, (out, _) in answers)
+    assert max(rows for _, (_, rows) in answers[killed_at:]) > 1
 
 
 def _workers_serving(redis_url: str) -> int:
