@@ -10,7 +10,7 @@ from sluice.gateway.model_table import ModelView
 from sluice.shared.registry import READY
 from sluice.shared.stats import (
     VersionStats,
-    merged_stats_hash,
+    models_stats,
     parse_stats,
     read_stats_commands,
     triton_model_stats,
@@ -85,16 +85,14 @@ async def model_statistics(
     redis: aioredis.Redis, views: list[ModelView], version: int | None
 ) -> dict[str, Any]:
     """Triton's statistics body, fleet-wide, from the stats hashes the workers keep."""
+    models = [(view.name, view.partitions) for view in views]
     async with redis.pipeline(transaction=False) as pipe:
-        for view in views:
-            for command in read_stats_commands(view.name, view.partitions):
-                pipe.execute_command(*command)
-        replies = iter(await pipe.execute())
+        for command in read_stats_commands(models):
+            pipe.execute_command(*command)
+        replies = await pipe.execute()
         entries = []
-        for view in views:
-            per_version = parse_stats(
-                merged_stats_hash([next(replies) for _ in range(view.partitions)])
-            )
+        for view, raw in zip(views, models_stats(replies, models), strict=True):
+            per_version = parse_stats(raw)
             wanted = [version] if version else sorted(set(view.versions) | set(per_version))
             for v in wanted:
                 entries.append(

@@ -38,7 +38,7 @@ from sluice.shared.stats import (
     TTFT_SUM,
     VersionStats,
     histogram,
-    merged_stats_hash,
+    models_stats,
     parse_stats,
     read_stats_commands,
 )
@@ -269,15 +269,13 @@ def _generation_metrics(
 
 async def render(redis: aioredis.Redis, table: ModelTable) -> bytes:
     names = sorted(table.models)
-    partitions = [table.models[name].partitions for name in names]
+    models = [(name, table.models[name].partitions) for name in names]
     async with redis.pipeline(transaction=False) as pipe:
-        for name, count in zip(names, partitions, strict=True):
-            for command in read_stats_commands(name, count):
-                pipe.execute_command(*command)
+        for command in read_stats_commands(models):
+            pipe.execute_command(*command)
         pipe.hgetall(keys.GATEWAY_STATS)
         *replies, gateway = await pipe.execute()
-    by_partition = iter(replies)
-    raws = [merged_stats_hash([next(by_partition) for _ in range(n)]) for n in partitions]
+    raws = models_stats(replies, models)
     # every ready version shows from the start, at 0, as Triton registers a version's series
     # when it loads it
     stats: dict[tuple[str, str], VersionStats] = {

@@ -175,6 +175,8 @@ class Wire:
     ) -> None:
         self._client = client
         self._cluster = is_cluster(client)
+        #: a cluster client has learned its slots (initialize() has run).
+        self._slots_known = False
         self._idle: list[_Link] = []
         #: told when a call is retried on a new connection: Redis may have restarted between
         #: two calls, unseen by the caller
@@ -236,7 +238,9 @@ class Wire:
             if key is None:
                 return [await self._client.execute_command(*commands[0])]
             cluster = cast("AsyncRedisCluster", self._client)
-            await cluster.initialize()  # its slots, for the node (once; then a no-op)
+            if not self._slots_known:  # the client's slots, for the node
+                await cluster.initialize()
+                self._slots_known = True
             node = cluster.get_node_from_key(key)
             return [await cluster.execute_command(*commands[0], target_nodes=node)]
         async with self._client.pipeline(transaction=False) as pipe:

@@ -86,14 +86,23 @@ def read_stats_command(model: str, partition: int = 0) -> tuple[Any, ...]:
     return _READ_STATS.command(stats_keys, [])
 
 
-def read_stats_commands(model: str, partitions: int) -> list[tuple[Any, ...]]:
-    """`read_stats_command` for each partition (shared/partitions.py) of the model."""
-    return [read_stats_command(model, p) for p in range(partitions)]
+def read_stats_commands(models: Sequence[tuple[str, int]]) -> list[tuple[Any, ...]]:
+    """`read_stats_command` for each partition (shared/partitions.py) of each (model,
+    partition count); `models_stats` reads their replies."""
+    return [read_stats_command(model, p) for model, count in models for p in range(count)]
 
 
 def stats_hash(reply: Sequence[bytes]) -> dict[bytes, bytes]:
     """The hash from `read_stats_command`'s reply (a flat field, value list)."""
     return dict(zip(reply[::2], reply[1::2], strict=True))
+
+
+def models_stats(
+    replies: Sequence[Sequence[bytes]], models: Sequence[tuple[str, int]]
+) -> list[dict[bytes, bytes]]:
+    """Each model's statistics hash from the replies to `read_stats_commands(models)`."""
+    by_partition = iter(replies)
+    return [merged_stats_hash([next(by_partition) for _ in range(n)]) for _, n in models]
 
 
 def merged_stats_hash(replies: Sequence[Sequence[bytes]]) -> dict[bytes, bytes]:
