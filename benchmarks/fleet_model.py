@@ -33,11 +33,7 @@ Three ways to get requests to workers, at the same arrival stream:
 * round_robin: each server its own dynamic batcher, requests dealt in turn (Triton behind
   a round-robin load balancer).
 
-Partitions and shards: the part of a batch's Redis cost on the model's keys that is one read
-and one ack (`RedisCost.read_share`) is paid once per partition the batch drew from, on that
-partition's shard; the rest on the model's keys (its request entries) is paid where its
-requests were; the reply streams' part is spread evenly over the shards (many gateways, each
-reply stream its own hash tag).
+How the partitions' Redis cost falls on the shards is `fleet_partitions.py`'s.
 
 Not modelled: network time, the gateway, the gateway grouping requests that arrive together
 into one stream entry (one request per entry here), uneven hash-slot spread, Redis queueing
@@ -81,13 +77,6 @@ DEFAULT_LOADS = (0.5, 0.8, 0.95)
 PLOT_LOADS = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95)
 FLEET_SIZES = (1, 4, 16, 64, 256, 1000)
 SHARDS = (1, 2, 4, 8, 16)
-#: the partition sweep's cluster sizes and fleets (partitions = shards, and some beyond)
-SWEEP_SHARDS = (1, 2, 4, 8, 16, 32)
-SWEEP_WORKERS = (16, 64, 256, 1000)
-#: (shards, partitions) beyond partitions = shards
-SWEEP_EXTRA = ((4, 8), (16, 32))
-#: partitions a worker reads in the sweep's alternative to reading all of them
-SWEEP_READS = 2
 #: not measured: a GPU-like curve where batching is nearly free (t(64) = 1.4 x t(1)), to show
 #: how much the shared-vs-round-robin verdict depends on the shape of t(b)
 FLAT_SERVICE_MS = (5.0, 0.03)
@@ -160,30 +149,6 @@ class SimResult:
     largest_batch: int
     p50_ms: float
     p99_ms: float
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionResult:
-    """One hot model on a cluster: what it sustains before its busiest shard is one core."""
-
-    shards: int
-    partitions: int
-    workers: int
-    #: partitions each worker reads (0: all of them)
-    reads: int
-    #: the load offered (of the workers' full-batch capacity)
-    load: float
-    #: the offered rate, or the rate at which the busiest shard reaches one core
-    infer_s: float
-    mean_batch: float
-    #: partitions a batch drew from, on average
-    batch_partitions: float
-    redis_us_per_inference: float
-    #: the busiest shard's CPU over the mean shard's at this load
-    imbalance: float
-    p99_ms: float
-    #: True when Redis, not the workers, sets infer_s
-    redis_bound: bool
 
 
 @dataclass(slots=True)
@@ -403,27 +368,6 @@ def pull(arrivals: Sequence[float], workers: int, batching: Batching, service: S
     return PullFleet(arrivals, workers, batching, service).run()
 
 
-def shard_cores(outcome: Outcome, seconds: float, cost: RedisCost, shards: int) -> np.ndarray:
-    """Redis cores each shard spends on one model's traffic, partition p on shard p mod shards.
-
-    A batch pays its read and ack on each partition it drew from, its request entries where
-    its requests were; the reply streams' part spreads evenly over the shards.
-    """
-    batches, requests = len(outcome.sizes), sum(outcome.sizes)
-    draws = np.array(outcome.draws or [batches], dtype=float)
-    entries = np.array(outcome.entries or [requests], dtype=float)
-    entry_share = cost.model_slot_share - cost.read_share
-    model_us = (
-        cost.us_per_batch * (cost.read_share * draws + entry_share * batches * entries / requests)
-        + cost.us_per_request * cost.model_slot_share * entries
-    )
-    cores = np.zeros(shards)
-    np.add.at(cores, np.arange(len(draws)) % shards, model_us)
-    reply_share = 1 - cost.model_slot_share
-    cores += reply_share * (cost.us_per_batch * batches + cost.us_per_request * requests) / shards
-    return cores / seconds / 1e6
-
-
 Policy = Callable[[Sequence[float], int, Batching, Service], Outcome]
 POLICIES: dict[str, Policy] = {"shared": shared_queue, "pull": pull, "round_robin": round_robin}
 REDIS_POLICIES = ("shared", "pull")
@@ -474,67 +418,6 @@ def worker_limit(
     if hot_model and shards > 1:
         return rate / cost.model_slot_share / worker_rate
     return shards * rate / worker_rate
-
-
-@dataclass(frozen=True, slots=True)
-class Cluster:
-    """One hot model's fleet: its workers, its stream's partitions, the cluster's shards."""
-
-    shards: int
-    partitions: int
-    workers: int
-    #: partitions each worker reads (0: all of them)
-    reads: int = 0
-
-
-def hot_model(
-    cluster: Cluster,
-    load: float,
-    per_worker: int,
-    seed: int,
-    batching: Batching,
-    service: Service,
-    cost: RedisCost,
-) -> PartitionResult:
-    """What one hot model sustains at this load's batch sizes: the offered rate, or the rate
-    at which its busiest shard reaches one core if that is lower."""
-    rate = load * cluster.workers * service.capacity(batching.max_batch)
-    requests = max(20_000, per_worker * cluster.workers)
-    arrivals = poisson_arrivals(rate, requests, seed)
-    outcome = PullFleet(
-        arrivals.tolist(), cluster.workers, batching, service, cluster.partitions, cluster.reads
-    ).run()
-    cores = shard_cores(outcome, float(arrivals[-1] - arrivals[0]), cost, cluster.shards)
-    skip, keep = int(requests * WARMUP_FRACTION), int(requests * (1 - COOLDOWN_FRACTION))
-    latency_ms = (outcome.done - arrivals)[skip:keep] * 1e3
-    busiest, batches = float(cores.max()), len(outcome.sizes)
-    return PartitionResult(
-        shards=cluster.shards,
-        partitions=cluster.partitions,
-        workers=cluster.workers,
-        reads=cluster.reads,
-        load=load,
-        infer_s=round(rate / max(1.0, busiest)),
-        mean_batch=round(requests / batches, 2),
-        batch_partitions=round(sum(outcome.draws) / batches, 2),
-        redis_us_per_inference=round(float(cores.sum()) * 1e6 / rate, 2),
-        imbalance=round(busiest / float(cores.mean()), 3),
-        p99_ms=round(float(np.percentile(latency_ms, 99)), 2),
-        redis_bound=busiest > 1,
-    )
-
-
-def sweep_clusters() -> list[Cluster]:
-    """Partitions = shards for each cluster size and fleet, every worker reading every
-    partition, then each reading SWEEP_READS, then more partitions than shards."""
-    clusters = [Cluster(k, k, w) for k in SWEEP_SHARDS for w in SWEEP_WORKERS]
-    clusters += [
-        Cluster(k, k, w, SWEEP_READS)
-        for k in SWEEP_SHARDS
-        for w in SWEEP_WORKERS
-        if k > SWEEP_READS
-    ]
-    return clusters + [Cluster(k, p, w) for k, p in SWEEP_EXTRA for w in SWEEP_WORKERS]
 
 
 def calibration(path: Path | None) -> tuple[Service, RedisCost]:

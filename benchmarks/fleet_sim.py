@@ -29,20 +29,17 @@ from fleet_model import (
     POLICIES,
     REDIS_POLICIES,
     SHARDS,
-    SWEEP_READS,
     Batching,
-    PartitionResult,
     RedisCost,
     Service,
     SimResult,
     calibration,
-    hot_model,
     redis_cores,
     run_grid,
     simulate,
-    sweep_clusters,
     worker_limit,
 )
+from fleet_partitions import SWEEP_READS, PartitionResult, hot_model, sweep_clusters
 
 
 def latency_table(rows: Sequence[SimResult]) -> str:

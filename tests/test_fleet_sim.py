@@ -11,6 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import fleet_model
+import fleet_partitions
 
 BATCHING = fleet_model.Batching(max_batch=64, delay_s=1e-3)
 MEASURED = fleet_model.Service(fleet_model.SERVICE_A_MS / 1e3, fleet_model.SERVICE_C_MS / 1e3)
@@ -81,16 +82,16 @@ def test_partitions_run_every_request_once_and_share_them_evenly() -> None:
 
 def test_partitions_spread_redis_cost_over_shards() -> None:
     outcome, seconds = _partitioned(4)
-    spread = fleet_model.shard_cores(outcome, seconds, COST, shards=4)
+    spread = fleet_partitions.shard_cores(outcome, seconds, COST, shards=4)
     assert spread.max() / spread.mean() < 1.05
     one, seconds = _partitioned(1)
-    hot = fleet_model.shard_cores(one, seconds, COST, shards=4)
+    hot = fleet_partitions.shard_cores(one, seconds, COST, shards=4)
     # one partition: the model's keys on shard 0, only the reply streams' part elsewhere
     share = COST.model_slot_share + (1 - COST.model_slot_share) / 4
     assert hot[0] / hot.sum() == pytest.approx(share)
     assert hot[1] == pytest.approx(hot[2]) == pytest.approx(hot[3])
     # and the same traffic on one shard costs what the unpartitioned model does
-    assert fleet_model.shard_cores(one, seconds, COST, shards=1)[0] == pytest.approx(hot.sum())
+    assert fleet_partitions.shard_cores(one, seconds, COST, shards=1)[0] == pytest.approx(hot.sum())
 
 
 def test_reading_fewer_partitions_draws_fewer_per_batch() -> None:
@@ -107,7 +108,9 @@ def test_a_partition_no_worker_reads_is_refused() -> None:
 
 def test_partitions_lift_one_hot_models_limit() -> None:
     results = [
-        fleet_model.hot_model(fleet_model.Cluster(k, k, 256), 0.8, 100, 1, BATCHING, MEASURED, COST)
+        fleet_partitions.hot_model(
+            fleet_partitions.Cluster(k, k, 256), 0.8, 100, 1, BATCHING, MEASURED, COST
+        )
         for k in (1, 4)
     ]
     assert results[0].redis_bound
