@@ -11,7 +11,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import Service
+from tests.conftest import Service, wait_until
 
 
 @pytest.fixture
@@ -239,7 +239,15 @@ def test_malformed_json_body_is_400(service: Service) -> None:
 def test_statistics_and_metrics_cover_the_fleet(
     client: httpclient.InferenceServerClient, service: Service
 ) -> None:
+    def successes() -> int:
+        model = client.get_inference_statistics("batch8")["model_stats"][0]
+        return int(model["inference_stats"]["success"]["count"])
+
+    before = successes()
     client.infer("batch8", [_input("IN", np.ones((8, 4), np.float32), "FP32")])
+    # the batch's statistics record may land just after its answer (on a cluster, on
+    # another node than the reply stream)
+    wait_until(lambda: successes() == before + 1, "the request's statistics")
     stats = client.get_inference_statistics("batch8")["model_stats"][0]
     for field in (
         "success",
