@@ -7,8 +7,9 @@ request `--payloads` bytes in and the same out; closed-loop
 load from `sluice bench` at `--concurrency`. Around each level the script diffs Redis
 `INFO cpu` (the server's user + system time) and `INFO commandstats`, less the idle
 background measured just before (heartbeats, recovery polls), and prints Redis CPU per
-inference and per executed batch, commands per inference, the costliest commands, and Redis
-MB/s per core (bytes in and out of the tensors, over Redis CPU seconds). With `--baseline REF`
+inference and per executed batch, commands per inference, the times redis-server slept and was
+woken per batch (its voluntary context switches), the costliest commands, and Redis MB/s per
+core (bytes in and out of the tensors, over Redis CPU seconds). With `--baseline REF`
 the same runs go against the code at git REF (a worktree in a temporary folder), the two
 sides alternating level by level, so that a slow spell of the machine hits both.
 
@@ -194,20 +195,36 @@ class Level:
     #: client events Redis served (socket reads and writes), per executed batch
     reads_per_batch: float
     writes_per_batch: float
+    #: times redis-server went to sleep (and so was woken), per executed batch, less idle's
+    sleeps_per_batch: float
     mb_per_core_s: float
     top: str
 
 
-def idle_cpu_per_s(client: redis.Redis) -> float:
-    before = snapshot(client)
+def idle_rates(side: Side) -> tuple[float, float]:
+    """Redis's CPU seconds and sleeps per second with no load (heartbeats, recovery polls)."""
+    before, sleeps = snapshot(side.client), sleeps_so_far(side)
     time.sleep(IDLE_S)
-    after = snapshot(client)
-    return (after.cpu_s - before.cpu_s) / (after.at - before.at)
+    after = snapshot(side.client)
+    seconds = after.at - before.at
+    return (after.cpu_s - before.cpu_s) / seconds, (sleeps_so_far(side) - sleeps) / seconds
+
+
+def sleeps_so_far(side: Side) -> int:
+    """redis-server's voluntary context switches: each a sleep in epoll_wait, then a wake-up,
+    which is what a client event costs Redis most (benchmarks/RESULTS.md, Redis cost)."""
+    assert side.redis.process is not None
+    status = Path(f"/proc/{side.redis.process.pid}/status").read_text()
+    return sum(
+        int(line.split()[1])
+        for line in status.splitlines()
+        if line.startswith("voluntary_ctxt_switches")
+    )
 
 
 def measure(side: Side, payload: int, concurrency: int, window_s: float) -> Level:
     model = model_name(payload)
-    idle = idle_cpu_per_s(side.client)
+    idle = idle_rates(side)
     settings = BenchSettings(
         url=side.http,
         model=model,
@@ -220,14 +237,15 @@ def measure(side: Side, payload: int, concurrency: int, window_s: float) -> Leve
     counts0, snap0, io0 = model_counts(side.http, model), snapshot(side.client), events(side)
     level = run_bench(settings, lambda *_: None).levels[0]
     counts1, snap1, io1 = model_counts(side.http, model), snapshot(side.client), events(side)
-    io = (io1[0] - io0[0], io1[1] - io0[1])
+    io = (io1[0] - io0[0], io1[1] - io0[1], io1[2] - io0[2])
     return summarise(side.label, payload, level, counts0, counts1, snap0, snap1, idle, io)
 
 
-def events(side: Side) -> tuple[int, int]:
-    """Socket reads and writes Redis has served so far (INFO stats)."""
+def events(side: Side) -> tuple[int, int, int]:
+    """Socket reads and writes Redis has served so far (INFO stats), and its sleeps."""
     stats = side.client.info("stats")
-    return int(stats["total_reads_processed"]), int(stats["total_writes_processed"])
+    reads, writes = int(stats["total_reads_processed"]), int(stats["total_writes_processed"])
+    return reads, writes, sleeps_so_far(side)
 
 
 def summarise(
@@ -238,13 +256,13 @@ def summarise(
     counts1: tuple[int, int],
     snap0: RedisSnapshot,
     snap1: RedisSnapshot,
-    idle_per_s: float,
-    io: tuple[int, int],
+    idle: tuple[float, float],
+    io: tuple[int, int, int],
 ) -> Level:
     inferences, executions = counts1[0] - counts0[0], counts1[1] - counts0[1]
     n, batches = max(1, inferences), max(1, executions)
     seconds = snap1.at - snap0.at
-    cpu_us = max(0.0, (snap1.cpu_s - snap0.cpu_s - idle_per_s * seconds) * 1e6)
+    cpu_us = max(0.0, (snap1.cpu_s - snap0.cpu_s - idle[0] * seconds) * 1e6)
     commands = command_diff(snap0, snap1)
     top_level = {k: v for k, v in commands.items() if k not in NESTED}
     costliest = sorted(top_level.items(), key=lambda kv: -kv[1][1])[:4]
@@ -265,6 +283,7 @@ def summarise(
         commands_per_inference=sum(calls for calls, _ in top_level.values()) / n,
         reads_per_batch=io[0] / batches,
         writes_per_batch=io[1] / batches,
+        sleeps_per_batch=max(0.0, io[2] - idle[1] * seconds) / batches,
         mb_per_core_s=(2 * (payload or 2048) * inferences / 1e6) / max(1e-9, cpu_us / 1e6),
         top=top,
     )
@@ -282,16 +301,17 @@ def size(payload: int) -> str:
 def table(levels: list[Level]) -> str:
     head = (
         "| code | payload | infer/s | p99 ms | mean batch | Redis µs/inference | Redis µs/batch "
-        "| commands/inference | Redis reads/writes per batch | Redis MB/s per core "
-        "| costliest (µs per call x calls per batch) |"
+        "| commands/inference | Redis reads/writes per batch | Redis sleeps per batch "
+        "| Redis MB/s per core | costliest (µs per call x calls per batch) |"
     )
-    rows = [head, "|" + "---|" * 11]
+    rows = [head, "|" + "---|" * 12]
     for lv in levels:
         rows.append(
             f"| {lv.label} | {size(lv.payload)} | {lv.throughput:,.0f} | {lv.p99_ms:.1f} "
             f"| {lv.batch:.1f} | {lv.us_per_inference:.1f} | {lv.us_per_batch:.0f} "
             f"| {lv.commands_per_inference:.3f} | {lv.reads_per_batch:.2f} / "
-            f"{lv.writes_per_batch:.2f} | {lv.mb_per_core_s:,.0f} | {lv.top} |"
+            f"{lv.writes_per_batch:.2f} | {lv.sleeps_per_batch:.2f} | {lv.mb_per_core_s:,.0f} "
+            f"| {lv.top} |"
         )
     return "\n".join(rows)
 
@@ -398,7 +418,8 @@ def report(level: Level) -> Level:
         f"{level.label:>30} {size(level.payload):>10}: {level.throughput:8.0f} infer/s, "
         f"batch {level.batch:4.1f}, Redis {level.us_per_inference:6.1f} µs/inference "
         f"{level.us_per_batch:6.0f} µs/batch, {level.commands_per_inference:.3f} "
-        f"cmds/inference, {level.reads_per_batch:.2f} reads/batch; {level.top}",
+        f"cmds/inference, {level.reads_per_batch:.2f} reads/batch, "
+        f"{level.sleeps_per_batch:.2f} sleeps/batch; {level.top}",
         flush=True,
     )
     return level
