@@ -12,8 +12,8 @@ Response = tuple[int, dict[str, str], bytes]
 
 #: a URL's port when it names none: sluice's for http (and no scheme), the standard for https.
 DEFAULT_PORTS = {"http": 8000, "https": 443}
-#: event-loop turns that a failed TLS handshake's transport takes to close its socket.
-CLOSE_TURNS = 3
+#: how long a connection whose TLS handshake failed may take to close its socket.
+CLOSE_WAIT_S = 1.0
 
 
 def split_url(url: str) -> tuple[str, str, int]:
@@ -134,17 +134,23 @@ class AsyncTransport:
         raise AssertionError("unreachable")
 
     async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        host, tls = self.endpoint.host, self.endpoint.tls
+        reader, writer = await asyncio.open_connection(host, self.endpoint.port)
+        if tls is None:
+            return reader, writer
+        # the handshake on a connection of our own: should it fail, asyncio closes the socket
+        # from a callback (after a TLS alert it may still be writing), and the socket must not
+        # outlive the caller's event loop (a ResourceWarning), so wait until it is closed
+        sock = writer.get_extra_info("socket")
         try:
-            return await asyncio.open_connection(
-                self.endpoint.host, self.endpoint.port, ssl=self.endpoint.tls
-            )
-        except ssl.SSLError:
-            # a failed handshake's transport is closed by callbacks asyncio has queued (the
-            # SSL protocol's, then the socket transport's): let them run, or the socket may
-            # outlive the caller's event loop (a ResourceWarning)
-            for _ in range(CLOSE_TURNS):
-                await asyncio.sleep(0)
+            await writer.start_tls(tls, server_hostname=host)
+        except BaseException:
+            writer.close()
+            deadline = asyncio.get_running_loop().time() + CLOSE_WAIT_S
+            while sock.fileno() != -1 and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.001)
             raise
+        return reader, writer
 
     async def _exchange(
         self,
