@@ -215,11 +215,8 @@ def sleeps_so_far(side: Side) -> int:
     which is what a client event costs Redis most (benchmarks/RESULTS.md, Redis cost)."""
     assert side.redis.process is not None
     status = Path(f"/proc/{side.redis.process.pid}/status").read_text()
-    return sum(
-        int(line.split()[1])
-        for line in status.splitlines()
-        if line.startswith("voluntary_ctxt_switches")
-    )
+    (line,) = (line for line in status.splitlines() if line.startswith("voluntary_ctxt"))
+    return int(line.split()[1])
 
 
 def measure(side: Side, payload: int, concurrency: int, window_s: float) -> Level:
@@ -237,7 +234,7 @@ def measure(side: Side, payload: int, concurrency: int, window_s: float) -> Leve
     counts0, snap0, io0 = model_counts(side.http, model), snapshot(side.client), events(side)
     level = run_bench(settings, lambda *_: None).levels[0]
     counts1, snap1, io1 = model_counts(side.http, model), snapshot(side.client), events(side)
-    io = (io1[0] - io0[0], io1[1] - io0[1], io1[2] - io0[2])
+    io = (io1[0] - io0[0], io1[1] - io0[1], io1[2] - io0[2])  # reads, writes, sleeps
     return summarise(side.label, payload, level, counts0, counts1, snap0, snap1, idle, io)
 
 

@@ -4,6 +4,7 @@ plain HTTP or TLS (https://, with certificate and hostname checks)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import ssl
 from urllib.parse import urlsplit
@@ -141,14 +142,13 @@ class AsyncTransport:
         # the handshake on a connection of our own: should it fail, asyncio closes the socket
         # from a callback (after a TLS alert it may still be writing), and the socket must not
         # outlive the caller's event loop (a ResourceWarning), so wait until it is closed
-        sock = writer.get_extra_info("socket")
         try:
             await writer.start_tls(tls, server_hostname=host)
         except BaseException:
             writer.close()
-            deadline = asyncio.get_running_loop().time() + CLOSE_WAIT_S
-            while sock.fileno() != -1 and asyncio.get_running_loop().time() < deadline:
-                await asyncio.sleep(0.001)
+            # it ends with the handshake's error, once the socket is closed
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(writer.wait_closed(), CLOSE_WAIT_S)
             raise
         return reader, writer
 
