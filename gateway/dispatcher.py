@@ -4,10 +4,9 @@ Requests that arrive in the same event-loop turn go to Redis as one entry per mo
 round trip; one reader task resolves every waiter from the reply stream. Redis work per request
 is therefore O(1) and shrinks as load grows.
 
-While Redis is unreachable, requests are held (gateway/outage.py) and sent once it answers
-again. A Redis that restarted (a new run id) may have lost the last writes before it died, even
-with an append-only file, so every request still waiting is then sent again: a request may
-run twice, but its id is resolved once, so its client gets one answer.
+While Redis is unreachable, requests are held and sent once it answers again, all of them
+again after a restart (gateway/outage.py): a request may then run twice, but its id is
+resolved once, so its client gets one answer.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from functools import partial
 from typing import Any
 
 import redis.asyncio as aioredis
-from sluice.gateway.outage import RETRY_AFTER_S, HeldRequests, OutagePolicy
+from sluice.gateway.outage import RETRY_AFTER_S, RETRY_CAP_S, RETRY_FIRST_S, Outage, OutagePolicy
 from sluice.gateway.response_order import ResponseOrder
 from sluice.shared import keys
 from sluice.shared.admission import ENQUEUE
@@ -47,9 +46,6 @@ log = logging.getLogger(__name__)
 #: place; at most a node's worth of read entries stays behind until the next trim.
 TRIM_EVERY_ENTRIES = 64
 REPLY_READ_BLOCK_MS = 1000
-#: reconnect attempts start this far apart and back off up to the cap.
-RETRY_FIRST_S = 0.05
-RETRY_CAP_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,24 +88,16 @@ class Dispatcher:
         self.redis = redis
         self.reader = reader
         #: the hot path's commands on connections of their own: sends, and the reply read.
-        self._sends = Wire(redis, self._check_server)
-        self._reads = Wire(reader, self._check_server)
+        self.outage: Outage[Route] = Outage(self, outage or OutagePolicy(), clock)
+        self._sends = Wire(redis, self.outage.check_server)
+        self._reads = Wire(reader, self.outage.check_server)
         self.reply_stream = keys.reply_stream(gateway_id)
         self.waiting: dict[str, asyncio.Future[Result]] = {}
         #: streamed requests (see `stream`): their responses so far, put in order.
         self.streams: dict[str, ResponseOrder] = {}
         #: what each waiting request was sent as, to send it again after a Redis restart.
         self._sent: dict[str, tuple[Route, Request]] = {}
-        self._held: HeldRequests[Route] = HeldRequests(outage or OutagePolicy())
         self._clock = clock
-        #: when Redis stopped answering (None: it answers).
-        self._outage_since: float | None = None
-        self._riding_out: asyncio.Task[None] | None = None
-        #: the run id of the Redis server last seen (None: not known).
-        self._server: str | None = None
-        #: a new server: read the reply stream from its start, as its entry ids (another
-        #: host's clock, or a stream that lost its tail) may sort before the last one read
-        self._reread_replies = False
         self._prefix = gateway_id
         self._ids = itertools.count()
         self._outbox: dict[Route, list[Request]] = defaultdict(list)
@@ -232,7 +220,7 @@ class Dispatcher:
 
     def _time_out(self, future: asyncio.Future[Result], message: str) -> None:
         if not future.done():
-            retry_after_s = None if self._outage_since is None else RETRY_AFTER_S
+            retry_after_s = None if self.outage.since is None else RETRY_AFTER_S
             future.set_exception(Unavailable(message, retry_after_s))
 
     def abandon(self, model: str, error: Exception) -> None:
@@ -265,9 +253,9 @@ class Dispatcher:
         while True:
             outbox, self._outbox = self._outbox, defaultdict(list)
             error = None
-            if self._outage_since is None:
+            if self.outage.since is None:
                 self.idle_poll.arm()
-                error = await self._send(outbox)
+                error = await self.send_outbox(outbox)
                 if error is None:
                     await asyncio.sleep(0)  # this turn's requests join the next send
                     if self._outbox:
@@ -275,12 +263,14 @@ class Dispatcher:
                     self._flush_scheduled = False
                     return
             self._flush_scheduled = False
-            self._begin_outage(error)
+            self.outage.begin(error)
             now = self._clock()
-            self._hold((route, r, now) for route, requests in outbox.items() for r in requests)
+            self.outage.hold(
+                (route, r, now) for route, requests in outbox.items() for r in requests
+            )
             return
 
-    async def _send(self, outbox: dict[Route, list[Request]]) -> Exception | None:
+    async def send_outbox(self, outbox: dict[Route, list[Request]]) -> Exception | None:
         """Send `outbox` in one round trip; the connection error if Redis did not answer."""
         commands: list[Command] = []
         bounded: list[list[Request]] = []
@@ -308,16 +298,16 @@ class Dispatcher:
         except CONNECTION_ERRORS as exc:
             return exc
         except REDIS_ERRORS as exc:
-            self._fail((r for rs in outbox.values() for r in rs), f"queue unavailable: {exc}")
+            self.fail((r for rs in outbox.values() for r in rs), f"queue unavailable: {exc}")
             return None
         admitted = iter(reply for reply in replies if isinstance(reply, list))
         for requests in bounded:
             for request, ok in zip(requests, next(admitted), strict=True):
                 if not ok:
-                    self._fail([request], f"[request id: {request.id}] Exceeds maximum queue size")
+                    self.fail([request], f"[request id: {request.id}] Exceeds maximum queue size")
         return None
 
-    def _fail(
+    def fail(
         self, requests: Iterable[Request], message: str, retry_after_s: int | None = None
     ) -> None:
         error = Unavailable(message, retry_after_s)
@@ -326,125 +316,26 @@ class Dispatcher:
             if future is not None and not future.done():
                 future.set_exception(error)
 
-    # -- Redis outages -----------------------------------------------------------------
+    def still_waiting(self, request_id: str) -> bool:
+        future = self.waiting.get(request_id)
+        return future is not None and not future.done()
 
-    def _hold(self, items: Iterable[tuple[Route, Request, float]]) -> None:
-        refused = []
-        for route, request, since in items:
-            future = self.waiting.get(request.id)
-            if future is None or future.done():
-                continue  # timed out or its client went away meanwhile
-            if not self._held.add(route, request, since):
-                refused.append(request)
-        if refused:
-            message = (
-                "queue unavailable: Redis is unreachable and this gateway already holds "
-                f"{self._held.bytes} bytes of requests (--max-held-bytes)"
-            )
-            self._fail(refused, message, RETRY_AFTER_S)
+    def unanswered(self) -> list[tuple[Route, Request]]:
+        queued = {request.id for requests in self._outbox.values() for request in requests}
+        return [sent for request_id, sent in self._sent.items() if request_id not in queued]
 
-    def _check_server(self) -> None:
-        """A connection was replaced between two calls: if Redis restarted meanwhile, the
-        requests it lost must be sent again (the check is the outage task's last step)."""
-        self._begin_outage(None)
-
-    def _begin_outage(self, error: Exception | None) -> None:
-        """Start holding requests (`error`: why), and the task that waits for Redis."""
-        if self._outage_since is None and error is not None:
-            log.warning("Redis unreachable (%s): holding requests until it is back", error)
-            self._outage_since = self._clock()
-        if self._riding_out is None:
-            self._riding_out = asyncio.create_task(self._ride_out())
-
-    async def _ride_out(self) -> None:
-        """Until Redis answers: expire what waited past the grace; then send what was held."""
-        grace_s = self._held.policy.grace_s
-        delay = RETRY_FIRST_S
-        inflight_failed = False
-        try:
-            while True:
-                now = self._clock()
-                self._fail(
-                    self._held.expire(now),
-                    f"queue unavailable: Redis unreachable for {grace_s:g} s"
-                    " (--redis-outage-grace-s)",
-                    RETRY_AFTER_S,
-                )
-                outage = self._outage_since
-                if outage is not None and not inflight_failed and now - outage >= grace_s:
-                    inflight_failed = True
-                    self._fail_sent(
-                        f"queue unavailable: Redis unreachable for {grace_s:g} s"
-                        " before this request was answered (--redis-outage-grace-s)"
-                    )
-                try:
-                    await self._sends.call("PING")
-                except CONNECTION_ERRORS:
-                    expiry = self._held.next_expiry()
-                    pause = delay if expiry is None else max(0.0, min(delay, expiry - now))
-                    await asyncio.sleep(pause)
-                    delay = min(delay * 2, RETRY_CAP_S)
-                    continue
-                if await self._send_held():
-                    return
-        finally:
-            self._riding_out = None
-
-    async def _send_held(self) -> bool:
-        """Redis answers: send what is held (and, after a restart, every unanswered request
-        again). True once nothing is held; the outage is then over."""
-        server = await self._server_identity()
-        restarted = server is None or server != self._server
-        held = self._held.take()
-        if restarted:
-            self._reread_replies = True
-            if self._server is not None:
-                log.warning("Redis restarted: sending every unanswered request again")
-            pending = {request.id for _, request, _ in held} | self._outbox_ids()
-            now = self._clock()
-            held += [
-                (route, request, now)
-                for request_id, (route, request) in self._sent.items()
-                if request_id not in pending
-            ]
-        self._server = server
-        while held:
-            outbox: dict[Route, list[Request]] = defaultdict(list)
-            for route, request, _ in held:
-                if request.id in self.waiting:  # not timed out or cancelled meanwhile
-                    outbox[route].append(request)
-            error = await self._send(outbox)
-            if error is not None:
-                self._hold(held)
-                return False
-            held = self._held.take()  # arrived while the last ones were sent
-        if self._outage_since is not None:
-            log.info("Redis reachable again: held requests sent")
-        self._outage_since = None
-        return True
-
-    def _outbox_ids(self) -> set[str]:
-        return {request.id for requests in self._outbox.values() for request in requests}
-
-    def _fail_sent(self, message: str) -> None:
-        """Fail the requests sent before the outage (those held have a grace of their own)."""
-        pending = self._held.ids() | self._outbox_ids()
-        self._fail(
-            (r for request_id, (_, r) in self._sent.items() if request_id not in pending),
-            message,
-            RETRY_AFTER_S,
-        )
+    async def ping(self) -> None:
+        await self._sends.call("PING")
 
     async def read_replies(self) -> None:
         """Resolve waiters from the reply stream until cancelled; survives Redis outages."""
         last_id = b"0-0"
         unread_trim = 0
         backoff = RETRY_FIRST_S
-        if self._server is None:
-            self._server = await self._server_identity()
+        await self.outage.learn_server()
         while True:
-            if self._reread_replies:
-                self._reread_replies, last_id = False, b"0-0"
+            if self.outage.reread_replies:
+                self.outage.reread_replies, last_id = False, b"0-0"
             try:
                 if unread_trim >= TRIM_EVERY_ENTRIES:
                     await self.reader.xtrim(self.reply_stream, minid=last_id, approximate=True)
@@ -457,7 +348,7 @@ class Dispatcher:
                 if backoff == RETRY_FIRST_S:
                     log.warning("reply stream read failed (%s); reconnecting", exc)
                 if isinstance(exc, CONNECTION_ERRORS):
-                    self._begin_outage(exc)
+                    self.outage.begin(exc)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, RETRY_CAP_S)
                 continue
@@ -473,7 +364,7 @@ class Dispatcher:
                 # write wakes Redis, and at low load it would hold up the clients' replies
                 await asyncio.sleep(0)
 
-    async def _server_identity(self) -> str | None:
+    async def server_identity(self) -> str | None:
         """The run id of the Redis server: a new one means a restart that may have lost writes."""
         try:
             info = await server_info(self.redis, self.reply_stream, "server")
@@ -497,14 +388,7 @@ class Dispatcher:
 
     async def close(self) -> None:
         self.idle_poll.stop()
-        if self._riding_out is not None:
-            self._riding_out.cancel()
-            await asyncio.gather(self._riding_out, return_exceptions=True)
-        self._fail(
-            (request for _, request, _ in self._held.take()),
-            "queue unavailable: the gateway stopped while Redis was unreachable",
-            RETRY_AFTER_S,
-        )
+        await self.outage.close()
         if self._sending:
             await asyncio.gather(*self._sending, return_exceptions=True)
         await self._sends.close()

@@ -112,14 +112,14 @@ async def _answer(url: str, d: Dispatcher, *ids: str, entry_id: str = "*") -> No
 async def test_a_request_sent_while_redis_is_down_is_sent_when_it_is_back(
     server: EmbeddedRedis, dispatcher: Dispatcher
 ) -> None:
-    await _until(lambda: dispatcher._server is not None, "the reader to learn the server")
+    await _until(lambda: dispatcher.outage.server is not None, "the reader to learn the server")
     server.kill()
     request = _request(dispatcher)
     waiting = asyncio.create_task(dispatcher.submit(Route("m"), request, 60))
-    await _until(lambda: len(dispatcher._held) == 1, "the request to be held")
+    await _until(lambda: len(dispatcher.outage.held) == 1, "the request to be held")
     assert not waiting.done()
     server.start()
-    await _until(lambda: dispatcher._outage_since is None, "the outage to end")
+    await _until(lambda: dispatcher.outage.since is None, "the outage to end")
     assert await _queued_ids(server.url, "m") == [request.id]
     await _answer(server.url, dispatcher, request.id)
     assert (await asyncio.wait_for(waiting, 30)).id == request.id
@@ -128,7 +128,7 @@ async def test_a_request_sent_while_redis_is_down_is_sent_when_it_is_back(
 async def test_requests_waiting_through_a_restart_that_lost_them_are_sent_again(
     server: EmbeddedRedis, dispatcher: Dispatcher
 ) -> None:
-    await _until(lambda: dispatcher._server is not None, "the reader to learn the server")
+    await _until(lambda: dispatcher.outage.server is not None, "the reader to learn the server")
     answered_first = _request(dispatcher)
     first = asyncio.create_task(dispatcher.submit(Route("m"), answered_first, 60))
     await _until_queued(server.url, "m", [answered_first.id])
@@ -153,13 +153,13 @@ async def test_requests_waiting_through_a_restart_that_lost_them_are_sent_again(
 async def test_a_request_held_past_the_grace_gets_503_with_retry_after(
     server: EmbeddedRedis, dispatcher: Dispatcher, clock: Clock
 ) -> None:
-    await _until(lambda: dispatcher._server is not None, "the reader to learn the server")
+    await _until(lambda: dispatcher.outage.server is not None, "the reader to learn the server")
     sent_before = asyncio.create_task(dispatcher.submit(Route("m"), _request(dispatcher), 60))
     await _until(lambda: dispatcher.inflight["m:1"] == 1, "the first request to be queued")
     await _until_queued(server.url, "m", list(dispatcher.waiting))
     server.kill()
     held = asyncio.create_task(dispatcher.submit(Route("m"), _request(dispatcher), 60))
-    await _until(lambda: len(dispatcher._held) == 1, "the request to be held")
+    await _until(lambda: len(dispatcher.outage.held) == 1, "the request to be held")
     clock.now += GRACE_S - 1
     reads = clock.reads
     await _until(lambda: clock.reads >= reads + 2, "a retry round to pass")
@@ -178,16 +178,16 @@ async def test_requests_beyond_the_held_bytes_cap_get_503_at_once(
 ) -> None:
     server.kill()
     first = asyncio.create_task(dispatcher.submit(Route("m"), _request(dispatcher, 40), 60))
-    await _until(lambda: len(dispatcher._held) == 1, "the first request to be held")
+    await _until(lambda: len(dispatcher.outage.held) == 1, "the first request to be held")
     with pytest.raises(Unavailable) as error:
         await asyncio.wait_for(dispatcher.submit(Route("m"), _request(dispatcher, 40), 60), 30)
     assert error.value.retry_after_s == RETRY_AFTER_S
     assert "--max-held-bytes" in error.value.message
     small = asyncio.create_task(dispatcher.submit(Route("m"), _request(dispatcher, 24), 60))
-    await _until(lambda: len(dispatcher._held) == 2, "a request within the cap to be held")
+    await _until(lambda: len(dispatcher.outage.held) == 2, "a request within the cap to be held")
     assert not first.done() and not small.done()
     server.start()
-    await _until(lambda: dispatcher._outage_since is None, "the outage to end")
+    await _until(lambda: dispatcher.outage.since is None, "the outage to end")
     ids = await _queued_ids(server.url, "m")
     await _answer(server.url, dispatcher, *ids)
     assert len(await asyncio.wait_for(asyncio.gather(first, small), 30)) == 2
