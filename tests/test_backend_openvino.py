@@ -21,7 +21,7 @@ from sluice.shared.errors import ModelConfigError
 from sluice.shared.model_config import load_model_config
 from sluice.shared.repository import scan_repository
 from sluice.workers.backends import choose_device, complete_config, load_instance
-from sluice.workers.backends.openvino import compile_model
+from sluice.workers.backends.openvino import compile_model, parse_options
 
 from tests.backend_models import load_error, model_instance, model_spec
 
@@ -255,7 +255,12 @@ def test_parameters_are_the_compiled_models_properties(tmp_path: Path) -> None:
     assert compiled.get_property("NUM_STREAMS") == 2
     assert compiled.get_property("INFERENCE_NUM_THREADS") == 2
     assert compiled.get_property("PERFORMANCE_HINT") == "THROUGHPUT"
-    assert compiled.get_property("INFERENCE_PRECISION_HINT") == ov.Type.bf16
+    asked = parse_options({"HINT_BF16": "YES"}, lambda _, message: ModelConfigError(message))
+    assert ov.Type.bf16 in asked.properties.values()
+    # bf16 where the CPU computes in it (AVX-512 BF16, AMX); OpenVINO keeps f32 on one without
+    capabilities = ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    expected = ov.Type.bf16 if "BF16" in capabilities else ov.Type.f32
+    assert compiled.get_property("INFERENCE_PRECISION_HINT") == expected
 
 
 def test_without_parameters_the_model_computes_in_f32_with_one_stream(tmp_path: Path) -> None:
