@@ -135,7 +135,7 @@ def worker(
     """Read, hold for the model's time, answer; the next read alone or with the answer."""
     client = redis.Redis.from_url(url)
     answer = (b"h", os.urandom(40 * batch), b"d", os.urandom(pattern.payload * batch))
-    read = ("XREADGROUP", "GROUP", GROUP, "w", "COUNT", 64, "BLOCK", BLOCK_MS)
+    read = ("XREADGROUP", "GROUP", GROUP, "w", "COUNT", 1, "BLOCK", BLOCK_MS)  # an entry, a batch
     read += ("STREAMS", REQUESTS, ">")
     connection = client.connection_pool.get_connection()
     tick = time.monotonic()
