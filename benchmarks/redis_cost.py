@@ -201,27 +201,27 @@ class Level:
     top: str
 
 
-def idle_rates(side: Side) -> tuple[float, float]:
+def idle_rates(client: redis.Redis, server: EmbeddedRedis) -> tuple[float, float]:
     """Redis's CPU seconds and sleeps per second with no load (heartbeats, recovery polls)."""
-    before, sleeps = snapshot(side.client), sleeps_so_far(side)
+    before, sleeps = snapshot(client), sleeps_so_far(server)
     time.sleep(IDLE_S)
-    after = snapshot(side.client)
+    after = snapshot(client)
     seconds = after.at - before.at
-    return (after.cpu_s - before.cpu_s) / seconds, (sleeps_so_far(side) - sleeps) / seconds
+    return (after.cpu_s - before.cpu_s) / seconds, (sleeps_so_far(server) - sleeps) / seconds
 
 
-def sleeps_so_far(side: Side) -> int:
+def sleeps_so_far(server: EmbeddedRedis) -> int:
     """redis-server's voluntary context switches: each a sleep in epoll_wait, then a wake-up,
     which is what a client event costs Redis most (benchmarks/RESULTS.md, Redis cost)."""
-    assert side.redis.process is not None
-    status = Path(f"/proc/{side.redis.process.pid}/status").read_text()
+    assert server.process is not None
+    status = Path(f"/proc/{server.process.pid}/status").read_text()
     (line,) = (line for line in status.splitlines() if line.startswith("voluntary_ctxt"))
     return int(line.split()[1])
 
 
 def measure(side: Side, payload: int, concurrency: int, window_s: float) -> Level:
     model = model_name(payload)
-    idle = idle_rates(side)
+    idle = idle_rates(side.client, side.redis)
     settings = BenchSettings(
         url=side.http,
         model=model,
@@ -242,7 +242,7 @@ def events(side: Side) -> tuple[int, int, int]:
     """Socket reads and writes Redis has served so far (INFO stats), and its sleeps."""
     stats = side.client.info("stats")
     reads, writes = int(stats["total_reads_processed"]), int(stats["total_writes_processed"])
-    return reads, writes, sleeps_so_far(side)
+    return reads, writes, sleeps_so_far(side.redis)
 
 
 def summarise(

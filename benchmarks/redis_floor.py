@@ -48,7 +48,7 @@ from pathlib import Path
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from redis_cost import build_repository, measure, serving
+from redis_cost import build_repository, idle_rates, measure, serving, sleeps_so_far
 from scale_workers import snapshot
 
 from sluice.embedded_redis import EmbeddedRedis, redis_server_binary
@@ -63,7 +63,6 @@ HEADER_PER_REQUEST = 90
 CLIENT_GAP_S = 0.001
 BLOCK_MS = 1000
 WARMUP_S = 1.0
-IDLE_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,22 +167,11 @@ def worker(
             entries = connection.read_response()
 
 
-def sleeps_of(server: EmbeddedRedis) -> int:
-    assert server.process is not None
-    status = Path(f"/proc/{server.process.pid}/status").read_text()
-    (line,) = (line for line in status.splitlines() if line.startswith("voluntary_ctxt"))
-    return int(line.split()[1])
-
-
 def run_pattern(pattern: Pattern, batch: int, window_s: float) -> Figure:
     with EmbeddedRedis(port=16480) as server:
         client = redis.Redis.from_url(server.url)
         client.xgroup_create(REQUESTS, GROUP, id="0", mkstream=True)
-        before, sleeps0 = snapshot(client), sleeps_of(server)
-        time.sleep(IDLE_S)
-        after = snapshot(client)
-        idle_cpu = (after.cpu_s - before.cpu_s) / (after.at - before.at)
-        idle_sleeps = (sleeps_of(server) - sleeps0) / (after.at - before.at)
+        idle_cpu, idle_sleeps = idle_rates(client, server)
         context = multiprocessing.get_context("spawn")
         done, stop = context.Value("q", 0), context.Value("b", 0)
         processes = [
@@ -195,9 +183,9 @@ def run_pattern(pattern: Pattern, batch: int, window_s: float) -> Figure:
         while not done.value:  # both started (spawned processes import torch first)
             time.sleep(0.05)
         time.sleep(WARMUP_S)
-        snap0, sleeps0, done0 = snapshot(client), sleeps_of(server), done.value
+        snap0, sleeps0, done0 = snapshot(client), sleeps_so_far(server), done.value
         time.sleep(window_s)
-        snap1, sleeps1, done1 = snapshot(client), sleeps_of(server), done.value
+        snap1, sleeps1, done1 = snapshot(client), sleeps_so_far(server), done.value
         stop.value = 1
         for process in processes:
             process.join(10)
