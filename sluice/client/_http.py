@@ -183,19 +183,17 @@ class AsyncTransport:
         return status, response_headers, data
 
     async def close(self) -> None:
-        """Close the idle connections now, without a TLS shutdown (which waits on the peer), so
-        that no socket outlives the caller's event loop."""
-        idle, self._idle = self._idle, []
-        await _abort(*(writer.transport for _, writer in idle))
+        for _, writer in self._idle:
+            writer.close()
+        self._idle.clear()
 
 
-async def _abort(*transports: asyncio.WriteTransport) -> None:
-    """Close `transports` at once, dropping what they still hold to write (after a failed
-    handshake, a TLS alert that a peer may never read: a plain close would wait for it), and
-    return once their sockets are closed. Each closes its socket from a callback it schedules as
-    it aborts, which the loop runs before the one scheduled here."""
-    for transport in transports:
-        transport.abort()
+async def _abort(transport: asyncio.WriteTransport) -> None:
+    """Close `transport` at once, dropping what a failed handshake left to write (a TLS alert,
+    which a peer may never read: a plain close would wait for it), and return once its socket
+    is closed. The transport closes it from a callback it schedules as it aborts, which the
+    loop runs before the one scheduled here."""
+    transport.abort()
     loop = asyncio.get_running_loop()
     closed: asyncio.Future[None] = loop.create_future()
     loop.call_soon(closed.set_result, None)
