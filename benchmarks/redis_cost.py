@@ -43,7 +43,7 @@ from scale_workers import NESTED, RedisSnapshot, command_diff, model_counts, sna
 
 from sluice.bench.loadgen import run_bench
 from sluice.bench.settings import BenchSettings
-from sluice.embedded_redis import EmbeddedRedis, die_with_parent, redis_server_binary
+from sluice.embedded_redis import EmbeddedRedis, redis_server_binary, tied_to_parent
 
 ROOT = Path(__file__).resolve().parent.parent
 HTTP_PORT = 18600
@@ -137,12 +137,11 @@ def serving(
             *("--metrics-port", str(http_port + 2), "--log-level", "warning"),
         ]
         process = subprocess.Popen(
-            command,
+            tied_to_parent(command),
             cwd=tempfile.gettempdir(),
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
-            preexec_fn=die_with_parent,
         )
         client = redis.Redis.from_url(redis_server.url)
         side = Side(label, redis_server, client, f"127.0.0.1:{http_port}", process)

@@ -48,7 +48,7 @@ from sluice.shared.registry import Member  # noqa: E402
 
 from sluice.bench.loadgen import run_bench  # noqa: E402
 from sluice.bench.settings import BenchSettings  # noqa: E402
-from sluice.embedded_redis import EmbeddedRedis, die_with_parent  # noqa: E402
+from sluice.embedded_redis import EmbeddedRedis, tied_to_parent  # noqa: E402
 
 MODEL = "mlp"
 HTTP_PORT = 18400
@@ -178,28 +178,29 @@ def sluice_serve(redis_url: str, workers: int) -> Iterator[str]:
     port = HTTP_PORT + workers
     log = serve_log(workers)
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "sluice",
-            "serve",
-            "--model-repository",
-            str(EXAMPLES),
-            "--redis-url",
-            redis_url,
-            "--workers",
-            str(workers),
-            "--http-port",
-            str(port),
-            "--metrics-port",
-            str(METRICS_PORT + workers),
-            "--log-level",
-            "warning",
-        ],
+        tied_to_parent(
+            [
+                sys.executable,
+                "-m",
+                "sluice",
+                "serve",
+                "--model-repository",
+                str(EXAMPLES),
+                "--redis-url",
+                redis_url,
+                "--workers",
+                str(workers),
+                "--http-port",
+                str(port),
+                "--metrics-port",
+                str(METRICS_PORT + workers),
+                "--log-level",
+                "warning",
+            ]
+        ),
         cwd=ROOT,
         stdout=log,
         stderr=subprocess.STDOUT,
-        preexec_fn=die_with_parent,
     )
     try:
         yield f"127.0.0.1:{port}"

@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from sluice.embedded_redis import die_with_parent
+from sluice.embedded_redis import tied_to_parent
 
 READY_LINE = "sluice ready"
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,13 +54,12 @@ class Serve:
         self.log: list[str] = []
         self.ready = threading.Event()
         self.process = subprocess.Popen(
-            argv,
+            tied_to_parent(argv),
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
             start_new_session=True,  # our Ctrl-C goes to us; we stop serve ourselves
-            preexec_fn=die_with_parent,
         )
         self._pump = threading.Thread(target=self._read, daemon=True)
         self._pump.start()

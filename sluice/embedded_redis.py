@@ -14,12 +14,12 @@ crash. A fixed `port` stays the same across restarts, so clients reconnect to th
 
 from __future__ import annotations
 
-import ctypes
 import importlib.util
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -46,10 +46,25 @@ def redis_server_binary() -> str:
     return found
 
 
-def die_with_parent() -> None:
-    """preexec_fn for children that must not outlive us (PR_SET_PDEATHSIG)."""
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+#: sets the parent-death signal, gives up if the owner is already gone, then becomes argv[2:]
+_TIE = (
+    "import ctypes, os, sys\n"
+    f"ctypes.CDLL(None).prctl({_PR_SET_PDEATHSIG}, {int(signal.SIGTERM)})\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit(1)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+def tied_to_parent(argv: list[str]) -> list[str]:
+    """`argv` run so that it gets SIGTERM when the thread that starts it exits.
+
+    A small stdlib-only Python sets PR_SET_PDEATHSIG and execs `argv`: a `preexec_fn` would
+    do it in the forked child, but that runs Python between fork and exec, which is unsafe
+    in a process with threads (the tests', the gateway's) and makes subprocess fork instead
+    of vfork, running every library's fork handlers.
+    """
+    return [sys.executable, "-I", "-S", "-c", _TIE, str(os.getpid()), *argv]
 
 
 class EmbeddedRedis:
@@ -125,9 +140,7 @@ class EmbeddedRedis:
         if self.running:
             raise RuntimeError("redis-server is already running")
         # a session of its own: a Ctrl-C meant for its owner must not stop it mid-drain
-        self.process = subprocess.Popen(
-            self._args(), preexec_fn=die_with_parent, start_new_session=True
-        )
+        self.process = subprocess.Popen(tied_to_parent(self._args()), start_new_session=True)
         self._wait_ready()
         return self
 

@@ -24,7 +24,7 @@ import orjson
 import uvloop
 
 from sluice import runtime_file
-from sluice.embedded_redis import EmbeddedRedis, die_with_parent
+from sluice.embedded_redis import EmbeddedRedis, tied_to_parent
 from sluice.gateway.server import GatewayConfig, serve_gateway
 from sluice.options import Settings
 from sluice.settings import JOBS_WORKER_SETTINGS_ENV, WORKER_SETTINGS_ENV, ServeSettings
@@ -71,7 +71,7 @@ class WorkerPool:
     async def _keep(self, slot: int) -> None:
         while not self.stopping:
             process = await asyncio.create_subprocess_exec(
-                *self.argv, env=self.env, preexec_fn=die_with_parent, start_new_session=True
+                *tied_to_parent(self.argv), env=self.env, start_new_session=True
             )
             self.processes[slot] = process
             code = await process.wait()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import redis
 
-from sluice.embedded_redis import die_with_parent, redis_server_binary
+from sluice.embedded_redis import redis_server_binary, tied_to_parent
 
 SLOTS = 16384
 START_TIMEOUT_S = 30.0
@@ -78,9 +78,7 @@ class EmbeddedCluster:
                 "--save", "",
                 "--appendonly", "no",
             ]  # fmt: skip
-            self.processes.append(
-                subprocess.Popen(args, stdout=subprocess.DEVNULL, preexec_fn=die_with_parent)
-            )
+            self.processes.append(subprocess.Popen(tied_to_parent(args), stdout=subprocess.DEVNULL))
             self.ports.append(port)
         for port in self.ports:
             self._wait(lambda p=port: self._node(p).ping(), f"node {port} to start")

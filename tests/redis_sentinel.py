@@ -14,7 +14,7 @@ from types import TracebackType
 
 import redis
 
-from sluice.embedded_redis import EmbeddedRedis, die_with_parent, redis_server_binary
+from sluice.embedded_redis import EmbeddedRedis, redis_server_binary, tied_to_parent
 from tests.conftest import free_port, wait_until
 
 MASTER_NAME = "sluice"
@@ -66,7 +66,7 @@ class EmbeddedSentinelSet:
         self.replica.start()
         for port in self.sentinel_ports:
             args = [redis_server_binary(), self._sentinel_config(port), "--sentinel"]
-            self._sentinels.append(subprocess.Popen(args, preexec_fn=die_with_parent))
+            self._sentinels.append(subprocess.Popen(tied_to_parent(args)))
         wait_until(
             lambda: self._replicas_seen() >= 1 and self._sentinels_seen() >= SENTINELS,
             "the sentinels to see the replica and each other",
