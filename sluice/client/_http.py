@@ -4,7 +4,6 @@ plain HTTP or TLS (https://, with certificate and hostname checks)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import http.client
 import ssl
 from urllib.parse import urlsplit
@@ -13,8 +12,6 @@ Response = tuple[int, dict[str, str], bytes]
 
 #: a URL's port when it names none: sluice's for http (and no scheme), the standard for https.
 DEFAULT_PORTS = {"http": 8000, "https": 443}
-#: how long a connection whose TLS handshake failed may take to close its socket.
-CLOSE_WAIT_S = 1.0
 
 
 def split_url(url: str) -> tuple[str, str, int]:
@@ -139,16 +136,12 @@ class AsyncTransport:
         reader, writer = await asyncio.open_connection(host, self.endpoint.port)
         if tls is None:
             return reader, writer
-        # the handshake on a connection of our own: should it fail, asyncio closes the socket
-        # from a callback (after a TLS alert it may still be writing), and the socket must not
-        # outlive the caller's event loop (a ResourceWarning), so wait until it is closed
+        # the handshake on a connection of our own, so that a failed one can be closed for
+        # sure: the socket must not outlive the caller's event loop (a ResourceWarning)
         try:
             await writer.start_tls(tls, server_hostname=host)
         except BaseException:
-            writer.close()
-            # it ends with the handshake's error, once the socket is closed
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(writer.wait_closed(), CLOSE_WAIT_S)
+            await _abort(writer.transport)
             raise
         return reader, writer
 
@@ -190,6 +183,20 @@ class AsyncTransport:
         return status, response_headers, data
 
     async def close(self) -> None:
-        for _, writer in self._idle:
-            writer.close()
-        self._idle.clear()
+        """Close the idle connections now, without a TLS shutdown (which waits on the peer), so
+        that no socket outlives the caller's event loop."""
+        idle, self._idle = self._idle, []
+        await _abort(*(writer.transport for _, writer in idle))
+
+
+async def _abort(*transports: asyncio.WriteTransport) -> None:
+    """Close `transports` at once, dropping what they still hold to write (after a failed
+    handshake, a TLS alert that a peer may never read: a plain close would wait for it), and
+    return once their sockets are closed. Each closes its socket from a callback it schedules as
+    it aborts, which the loop runs before the one scheduled here."""
+    for transport in transports:
+        transport.abort()
+    loop = asyncio.get_running_loop()
+    closed: asyncio.Future[None] = loop.create_future()
+    loop.call_soon(closed.set_result, None)
+    await closed
