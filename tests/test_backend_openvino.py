@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import runpy
 import shutil
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +28,8 @@ from sluice.workers.backends.openvino import compile_model, parse_options
 
 from tests.backend_models import load_error, model_instance, model_spec
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
 RNG = np.random.default_rng(0)
 WEIGHT = RNG.standard_normal((4, 3)).astype(np.float32)
 BIAS = RNG.standard_normal(3).astype(np.float32)
@@ -178,6 +182,47 @@ def test_any_batch_up_to_max_batch_size_runs_as_it_is(tmp_path: Path) -> None:
         np.testing.assert_allclose(out["y"], expected["y"], rtol=1e-6, atol=1e-6)
         np.testing.assert_array_equal(out["top"], expected["top"])
         assert out["top"].dtype == np.int64
+
+
+_FREED_ELSEWHERE_SCRIPT = """
+import gc, os, signal, sys, threading
+from pathlib import Path
+import numpy as np, torch
+from tests.backend_models import model_instance
+
+infer = model_instance(Path(sys.argv[1]))
+infer({"x": torch.from_numpy(np.ones((2, 4), np.float32))})
+
+def drop():
+    global infer
+    del infer
+    gc.collect()
+
+dropper = threading.Thread(target=drop)
+dropper.start()
+dropper.join()
+handled = threading.Event()
+signal.signal(signal.SIGUSR1, lambda *_: handled.set())
+os.kill(os.getpid(), signal.SIGUSR1)
+print("handled" if handled.is_set() else "not handled")
+"""
+
+
+def test_a_signal_after_the_model_was_freed_on_another_thread_is_handled(
+    tmp_path: Path,
+) -> None:
+    """The thread that compiled a model keeps its own signal stack: OpenVINO's, unmapped when
+    another thread frees the model, made the next signal kill the process with SIGSEGV."""
+    model_dir = write_model(tmp_path, "dense", dense_graph(), DENSE_CONFIG)
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_FREED_ELSEWHERE_SCRIPT), str(model_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["handled"]
 
 
 def test_a_model_with_a_fixed_batch_of_one_takes_larger_batches(tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ from openvino.preprocess import PrePostProcessor
 from sluice.shared.errors import ModelConfigError
 from sluice.shared.model_config import CONFIG_FILENAME, ModelSpec
 from sluice.workers.backends import TensorFunction, complete_batching, newest_model_file
+from sluice.workers.backends.signal_stack import signal_stack_kept
 from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig
 
 log = logging.getLogger(__name__)
@@ -152,7 +153,8 @@ def compile_model(spec: ModelSpec, model_dir: Path, version: int) -> tuple[Any, 
     model = _read(core, model_dir / str(version) / spec.model_filename)
     model, batch = _prepare(spec, model, options)
     try:
-        return core.compile_model(model, _DEVICE, options.properties), batch
+        with signal_stack_kept():  # OpenVINO's own is unmapped with the model, on any thread
+            return core.compile_model(model, _DEVICE, options.properties), batch
     except RuntimeError as exc:
         raise ModelConfigError(f"{config}: parameters: cannot compile the model: {exc}") from exc
 
