@@ -11,8 +11,24 @@ cd "$(dirname "$0")/.."
 .venv/bin/python examples/build_models.py
 .venv/bin/ruff check .
 bash tests/typecheck.sh
-.venv/bin/python -m pytest "$@"
-SLUICE_TEST_CLUSTER=1 .venv/bin/python -m pytest "$@" \
+
+# A crash of the test process that faulthandler could not report (no usable signal stack)
+# still shows where it happened: its core's thread stacks, where the kernel writes cores here.
+ulimit -c unlimited
+pytest_or_stacks() {
+  local rc=0
+  .venv/bin/python -m pytest "$@" || rc=$?
+  for core in core core.[0-9]*; do
+    if [ -f "$core" ] && [ "$rc" -ge 128 ] && command -v gdb > /dev/null; then
+      gdb -q -batch -ex "thread apply all bt 25" "$(readlink -f .venv/bin/python)" "$core" 2>&1 \
+        | grep -v "^\[New LWP" | tail -300
+    fi
+    rm -f "$core"
+  done
+  return "$rc"
+}
+pytest_or_stacks "$@"
+SLUICE_TEST_CLUSTER=1 pytest_or_stacks "$@" \
   tests/test_e2e_tritonclient.py tests/test_jobs.py tests/test_client_sdk.py \
   tests/test_crash_recovery.py tests/test_fleet.py tests/test_repository_control.py \
   tests/test_python_backend_e2e.py tests/test_python_backend_bls.py tests/test_partitions.py
