@@ -14,15 +14,17 @@ cd "$(dirname "$0")/.."
 bash tests/typecheck.sh
 
 # A crash of the test process that faulthandler could not report (no usable signal stack)
-# still shows where it happened: its core's thread stacks, where the kernel writes cores here.
+# still shows where it happened: its core's native and Python thread stacks (gdb), where the
+# kernel writes cores here.
 ulimit -c unlimited 2> /dev/null || true  # where the hard limit allows
 pytest_or_stacks() {
   local rc=0
   .venv/bin/python -m pytest "$@" || rc=$?
   for core in core core.[0-9]*; do
     if [ -f "$core" ] && [ "$rc" -ge 128 ] && command -v gdb > /dev/null; then
-      gdb -q -batch -ex "thread apply all bt 25" "$(readlink -f .venv/bin/python)" "$core" 2>&1 \
-        | grep -v "^\[New LWP" | tail -300
+      gdb -q -batch -iex "set auto-load safe-path /" -ex "thread apply all bt 25" \
+        -ex "thread apply all py-bt" "$(readlink -f .venv/bin/python)" "$core" 2>&1 \
+        | grep -v "^\[New LWP" | tail -400 || true
     fi
     rm -f "$core"
   done
