@@ -121,7 +121,9 @@ class Worker:
         #: the models whose cancellation channels the listener subscribed to.
         self._listened: frozenset[str] = frozenset()
         self._models_changed = asyncio.Event()
-        self.drain = DrainDeadline(config.drain_timeout_s, f"worker {self.id}", self._in_hand)
+        self.drain = DrainDeadline(
+            config.drain_timeout_s, f"worker {self.id}", lambda: _in_hand(self.queues)
+        )
 
     @property
     def explicit(self) -> bool:
@@ -167,7 +169,7 @@ class Worker:
     def _announce(self, pipe: Pipeline) -> None:
         """Model records and our heartbeat; re-sent every beat so a Redis that lost its data
         learns them again."""
-        for name, config_json, versions in self._served():
+        for name, config_json, versions in _served(self.manager):
             record = encode_model_record(config_json, versions, None)
             if self.explicit:  # not over the config of a load this worker has yet to apply
                 status = self.statuses.get(name)
@@ -180,48 +182,15 @@ class Worker:
                 pipe.hsetnx(keys.MODELS, name, encode_model_record(None, [], status.reason))
         pipe.hset(keys.FLEET, self.id, self._member().encode())
 
-    def _served(self) -> list[tuple[str, dict[str, Any], list[int]]]:
-        """(name, config, versions) of each model and ensemble served here, as last loaded."""
-        manager = self.manager
-        if manager is None:
-            return []
-        served = [
-            (name, queue.spec.config_json, sorted(queue.instances.by_version))
-            for name, queue in manager.queues.items()
-        ] + [
-            (name, entry.spec.config_json, list(entry.versions))
-            for name, entry in manager.ensembles.items()
-            if entry.spec is not None
-        ]
-        return [s for s in served if manager.announces(s[0])]  # else a newer load applies here
-
     def _member(self) -> Member:
         queues = self.queues
         batches = sum(q.batches_done for q in queues)
-        return Member(
-            self.id,
-            "worker",
-            socket.gethostname(),
-            os.getpid(),
-            now_ms(),
-            dict(self.statuses),
-            {
-                "batches": batches,
-                "batches_per_s": self._rate.update(batches, time.monotonic()),
-                "devices": sorted({str(q.instances.device) for q in queues}),
-                "instances": {
-                    q.spec.name: sum(len(lanes) for lanes in q.instances.by_version.values())
-                    for q in queues
-                },
-                DEVICE_METRICS: self.sampler.latest,
-                SEQUENCES: {
-                    q.spec.name: [q.batching.stats.running, q.batching.stats.waiting]
-                    for q in queues
-                    if isinstance(q.batching, InflightLoop)
-                },
-            },
-            self.manager.scope() if self.manager is not None else [],
-        )
+        rate = self._rate.update(batches, time.monotonic())
+        usage = {"batches": batches, "batches_per_s": rate, **_usage(queues)}
+        usage[DEVICE_METRICS] = self.sampler.latest
+        scope = self.manager.scope() if self.manager is not None else []
+        host, pid = socket.gethostname(), os.getpid()
+        return Member(self.id, "worker", host, pid, now_ms(), dict(self.statuses), usage, scope)
 
     async def _heartbeat(self) -> None:
         """Every beat (or at once when something changed): announce ourselves and, in explicit
@@ -301,19 +270,6 @@ class Worker:
         if self.manager is not None:
             self.manager.stop()
 
-    def _in_hand(self) -> str:
-        """What a cut-short drain leaves: the requests stay pending in their streams, where
-        another worker takes them over after --claim-idle-ms."""
-        busy = [
-            f"{q.spec.name}: {q.state.busy_lanes} batches running, "
-            f"{len(q.state.pending)} requests waiting"
-            for q in self.queues
-            if q.state.in_hand
-        ]
-        if not busy:
-            return ""
-        return "; ".join(busy) + " (left pending in Redis for another worker to take over)"
-
     def ready(self) -> bool:
         """Serving (some model loaded, or none needed: explicit and poll modes), Redis reached."""
         serving = bool(self.queues) or self.config.model_control_mode != "none"
@@ -387,6 +343,51 @@ class Worker:
             await self.redis.aclose()
             for q in self.queues:
                 await q.reader.aclose()
+
+
+def _served(manager: ModelManager | None) -> list[tuple[str, dict[str, Any], list[int]]]:
+    """(name, config, versions) of each model and ensemble served here, as last loaded."""
+    if manager is None:
+        return []
+    served = [
+        (name, queue.spec.config_json, sorted(queue.instances.by_version))
+        for name, queue in manager.queues.items()
+    ] + [
+        (name, entry.spec.config_json, list(entry.versions))
+        for name, entry in manager.ensembles.items()
+        if entry.spec is not None
+    ]
+    return [s for s in served if manager.announces(s[0])]  # else a newer load applies here
+
+
+def _usage(queues: list[ModelQueue]) -> dict[str, Any]:
+    """The heartbeat's view of the queues: devices, instances, and sequences running/waiting."""
+    return {
+        "devices": sorted({str(q.instances.device) for q in queues}),
+        "instances": {
+            q.spec.name: sum(len(lanes) for lanes in q.instances.by_version.values())
+            for q in queues
+        },
+        SEQUENCES: {
+            q.spec.name: [q.batching.stats.running, q.batching.stats.waiting]
+            for q in queues
+            if isinstance(q.batching, InflightLoop)
+        },
+    }
+
+
+def _in_hand(queues: list[ModelQueue]) -> str:
+    """What a cut-short drain leaves: the requests stay pending in their streams, where
+    another worker takes them over after --claim-idle-ms."""
+    busy = [
+        f"{q.spec.name}: {q.state.busy_lanes} batches running, "
+        f"{len(q.state.pending)} requests waiting"
+        for q in queues
+        if q.state.in_hand
+    ]
+    if not busy:
+        return ""
+    return "; ".join(busy) + " (left pending in Redis for another worker to take over)"
 
 
 def run_worker(config: WorkerConfig) -> None:
