@@ -258,16 +258,14 @@ class GatewayCore:
             )
         prepared = self.prepare(view, version, infer)
         params = prepared.parameters
-        deadline_s = deadline_us(params) / 1e6
         parsed = prepared.request
-        timeout_s = min(self.limits.request_timeout_s, deadline_s or self.limits.request_timeout_s)
-        timeout_message = "Request deadline exceeded" if deadline_s else "Request timeout expired"
+        timeout_s, timeout_message = _time_limit(params, self.limits.request_timeout_s)
         if is_ensemble(view.config):
             result = await self.ensembles.infer(
                 view, prepared.version, parsed, params, timeout_s, timeout_message, client_gone
             )
             return outcome(view.name, prepared.version, parsed, result)
-        request = self._request(prepared)
+        request = _new_request(self.dispatcher, prepared)
 
         def cancel(_: object) -> None:
             self.dispatcher.cancel(view.name, request.id)
@@ -296,16 +294,14 @@ class GatewayCore:
         view = await self.view(model, version)
         prepared = self.prepare(view, version, infer)
         params = prepared.parameters
-        deadline_s = deadline_us(params) / 1e6
-        timeout_s = min(self.limits.request_timeout_s, deadline_s or self.limits.request_timeout_s)
-        timeout_message = "Request deadline exceeded" if deadline_s else "Request timeout expired"
+        timeout_s, timeout_message = _time_limit(params, self.limits.request_timeout_s)
         parsed = prepared.request
         if is_ensemble(view.config):
             result = await self.ensembles.infer(
                 view, prepared.version, parsed, params, timeout_s, timeout_message, client_gone
             )
             return _one_response(streamed(view.name, prepared.version, parsed, result))
-        request = self._request(prepared)
+        request = _new_request(self.dispatcher, prepared)
         results = self.dispatcher.stream(prepared.route, request, timeout_s, timeout_message)
         return self._responses(view.name, prepared, request, results, client_gone)
 
@@ -329,18 +325,6 @@ class GatewayCore:
             if client_gone is not None:
                 client_gone.remove_done_callback(cancel)
             await results.aclose()
-
-    def _request(self, prepared: Prepared) -> Request:
-        parsed = prepared.request
-        return Request(
-            self.dispatcher.new_request_id(),
-            prepared.version,
-            time.time_ns(),
-            self.dispatcher.reply_stream,
-            parsed.inputs,
-            tuple(parsed.outputs) if parsed.outputs else None,
-            prepared.parameters,
-        )
 
     def prepare(self, view: ModelView, version_text: str | None, infer: InferInput) -> Prepared:
         """Decode and check an infer request; what fails here is counted as a failure."""
@@ -373,6 +357,27 @@ class GatewayCore:
         coro = self.dispatcher.redis.hincrby(keys.GATEWAY_STATS, f"{model}:{version}:{reason}", 1)
         task = asyncio.ensure_future(coro)
         task.add_done_callback(lambda t: t.exception())
+
+
+def _time_limit(params: dict[str, Any], request_timeout_s: float) -> tuple[float, str]:
+    """How long the request may take (its deadline, when it gives one and it is sooner than
+    the gateway's timeout) and the error it then ends with, as Triton words each."""
+    deadline_s = deadline_us(params) / 1e6
+    timeout_s = min(request_timeout_s, deadline_s or request_timeout_s)
+    return timeout_s, "Request deadline exceeded" if deadline_s else "Request timeout expired"
+
+
+def _new_request(dispatcher: Dispatcher, prepared: Prepared) -> Request:
+    parsed = prepared.request
+    return Request(
+        dispatcher.new_request_id(),
+        prepared.version,
+        time.time_ns(),
+        dispatcher.reply_stream,
+        parsed.inputs,
+        tuple(parsed.outputs) if parsed.outputs else None,
+        prepared.parameters,
+    )
 
 
 @dataclass(slots=True)
