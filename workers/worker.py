@@ -186,8 +186,8 @@ class Worker:
         queues = self.queues
         batches = sum(q.batches_done for q in queues)
         rate = self._rate.update(batches, time.monotonic())
-        usage = {"batches": batches, "batches_per_s": rate, **_usage(queues)}
-        usage[DEVICE_METRICS] = self.sampler.latest
+        usage = {"batches": batches, "batches_per_s": rate, DEVICE_METRICS: self.sampler.latest}
+        usage.update(_usage(queues))
         scope = self.manager.scope() if self.manager is not None else []
         host, pid = socket.gethostname(), os.getpid()
         return Member(self.id, "worker", host, pid, now_ms(), dict(self.statuses), usage, scope)
