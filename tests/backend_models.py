@@ -1,8 +1,12 @@
 """What the backend tests share: a model directory loaded as the worker loads it (config
-auto-completed, then one instance), the error a bad one fails with, and binary HTTP inputs."""
+auto-completed, then one instance), the error a bad one fails with, binary HTTP inputs, and a
+script run in a fresh process."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +20,20 @@ from sluice.workers.backends import choose_device, complete_config, load_instanc
 from tritonclient.utils import np_to_triton_dtype
 
 from tests.conftest import Service, serving_alone
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_script(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`script` run by a fresh interpreter in the repository root, as a worker process of its
+    own would (none of this test process's loaded runtimes or threads), its output captured."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
 
 
 def model_spec(model_dir: Path) -> ModelSpec:

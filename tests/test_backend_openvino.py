@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import runpy
 import shutil
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -26,10 +23,9 @@ from sluice.shared.repository import scan_repository
 from sluice.workers.backends import choose_device, complete_config, load_instance
 from sluice.workers.backends.openvino import compile_model, parse_options
 
-from tests.backend_models import load_error, model_instance, model_spec
+from tests.backend_models import load_error, model_instance, model_spec, run_script
 
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = ROOT / "examples"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 RNG = np.random.default_rng(0)
 WEIGHT = RNG.standard_normal((4, 3)).astype(np.float32)
 BIAS = RNG.standard_normal(3).astype(np.float32)
@@ -214,13 +210,7 @@ def test_a_signal_after_the_model_was_freed_on_another_thread_is_handled(
     """The thread that compiled a model keeps its own signal stack: OpenVINO's, unmapped when
     another thread frees the model, made the next signal kill the process with SIGSEGV."""
     model_dir = write_model(tmp_path, "dense", dense_graph(), DENSE_CONFIG)
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_FREED_ELSEWHERE_SCRIPT), str(model_dir)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
+    done = run_script(_FREED_ELSEWHERE_SCRIPT, str(model_dir))
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["handled"]
 

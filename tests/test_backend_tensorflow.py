@@ -8,9 +8,6 @@ from __future__ import annotations
 import json
 import runpy
 import shutil
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +19,9 @@ import torch
 from sluice.shared.repository import scan_repository
 from sluice.workers.backends import choose_device, complete_config, load_instance
 
-from tests.backend_models import load_error, model_instance, model_spec
+from tests.backend_models import load_error, model_instance, model_spec, run_script
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def linear_model() -> keras.Model:
@@ -342,14 +338,8 @@ parameters { key: "INTER_OP_THREAD_COUNT" value { string_value: "1" } }
     write_model(tmp_path, "first", linear, LINEAR_CONFIG + torch_threads)
     own = 'parameters { key: "TF_NUM_INTRA_THREADS" value { string_value: "2" } }'
     write_model(tmp_path, "second", linear, LINEAR_CONFIG + own)
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_THREADS_SCRIPT), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-        check=True,
-    )
+    done = run_script(_THREADS_SCRIPT, str(tmp_path))
+    done.check_returncode()
     assert json.loads(done.stdout.strip().splitlines()[-1]) == [[1, 1], [1, 1]]
     assert "TensorFlow already runs 1 intra-op and 1 inter-op threads" in done.stderr
 
