@@ -9,9 +9,7 @@ concurrent requests (which batch) are compared with the framework's own predicti
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
-import textwrap
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,25 +18,19 @@ from typing import Any
 import lightgbm
 import numpy as np
 import pytest
-import torch
 import treelite
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import xgboost
 from sklearn.datasets import load_breast_cancer, load_diabetes, load_iris
 from sklearn.ensemble import GradientBoostingRegressor, RandomForestClassifier
-from sluice.shared.errors import ModelConfigError
-from sluice.shared.model_config import load_model_config
-from sluice.workers.backends import fil
-from sluice.workers.backends.fil import FilOptions, fil_output, parse_options
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import Service, serving_alone, start_service, stop_service
+from tests.fil_models import classifier, fil_config, model_path, save_model, write_model
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 EXAMPLE = "breast_cancer_xgb"
-#: the batcher waits this long for more rows, so that concurrent requests form batches
-DELAY_US = 200_000
 #: rows per request, cycled: more than one request's rows in a batch shows it batched
 ROWS = (1, 3, 8, 2, 5)
 BIGGEST_REQUEST = max(ROWS)
@@ -56,60 +48,6 @@ class Case:
     waits: bool = True
 
 
-def fil_config(
-    name: str, features: int, out: int, *, parameters: dict[str, str], input_name: str = "input__0"
-) -> str:
-    """A config.pbtxt as Triton's FIL documentation writes it."""
-    params = ",\n".join(
-        f'  {{ key: "{key}" value: {{ string_value: "{value}" }} }}'
-        for key, value in parameters.items()
-    )
-    return (
-        textwrap.dedent(
-            f"""\
-        name: "{name}"
-        backend: "fil"
-        max_batch_size: 32768
-        input [ {{ name: "{input_name}" data_type: TYPE_FP32 dims: [ {features} ] }} ]
-        output [ {{ name: "output__0" data_type: TYPE_FP32 dims: [ {out} ] }} ]
-        instance_group [ {{ kind: KIND_AUTO }} ]
-        dynamic_batching {{ max_queue_delay_microseconds: {DELAY_US} }}
-        parameters [
-        """
-        )
-        + f"{params}\n]\n"
-    )
-
-
-def _write(repo: Path, name: str, config: str, filename: str) -> Path:
-    (repo / name / "1").mkdir(parents=True)
-    (repo / name / "config.pbtxt").write_text(config)
-    return repo / name / "1" / filename
-
-
-def _model(
-    repo: Path, name: str, dims: tuple[int, int], parameters: dict[str, str], filename: str
-) -> Path:
-    """Write the model's FIL config; the path its model file goes to."""
-    return _write(repo, name, fil_config(name, *dims, parameters=parameters), filename)
-
-
-def _saved(
-    repo: Path,
-    name: str,
-    dims: tuple[int, int],
-    parameters: dict[str, str],
-    filename: str,
-    save: Callable[[str], object],
-) -> None:
-    """Write the model's FIL config and `save` its model file."""
-    save(str(_model(repo, name, dims, parameters, filename)))
-
-
-def _classifier(model_type: str, **extra: str) -> dict[str, str]:
-    return {"model_type": model_type, "is_classifier": "true", **extra}
-
-
 def build_cases(repo: Path) -> dict[str, Case]:
     """Train, save and configure every model; what each must answer."""
     cancer_x, cancer_y = load_breast_cancer(return_X_y=True)
@@ -121,58 +59,60 @@ def build_cases(repo: Path) -> dict[str, Case]:
     binary = xgboost.XGBClassifier(n_estimators=20, max_depth=3).fit(cancer_x, cancer_y)
     proba = binary.predict_proba
     # XGBoost 2.1 and later save UBJSON under the legacy name; the default model_type
-    path = _model(repo, "xgb_legacy_name", (30, 1), {"is_classifier": "true"}, "xgboost.model")
+    path = model_path(repo, "xgb_legacy_name", (30, 1), {"is_classifier": "true"}, "xgboost.model")
     binary.get_booster().save_model(str(path.with_suffix(".ubj")))
     path.with_suffix(".ubj").rename(path)
     cases["xgb_legacy_name"] = Case(cancer_x, lambda x: binary.predict(x)[:, None], exact=True)
-    _saved(
-        repo, "xgb_json", (30, 1), _classifier("xgboost_json"), "xgboost.json", binary.save_model
+    save_model(
+        repo, "xgb_json", (30, 1), classifier("xgboost_json"), "xgboost.json", binary.save_model
     )
     cases["xgb_json"] = Case(cancer_x, lambda x: binary.predict(x)[:, None], exact=True)
-    params = _classifier("xgboost_ubj", predict_proba="true")
-    _saved(repo, "xgb_ubj_proba", (30, 2), params, "xgboost.ubj", binary.save_model)
+    params = classifier("xgboost_ubj", predict_proba="true")
+    save_model(repo, "xgb_ubj_proba", (30, 2), params, "xgboost.ubj", binary.save_model)
     cases["xgb_ubj_proba"] = Case(cancer_x, proba, exact=False)
-    params = _classifier("xgboost_json", threshold="0.9")
-    _saved(repo, "xgb_threshold", (30, 1), params, "xgboost.json", binary.save_model)
+    params = classifier("xgboost_json", threshold="0.9")
+    save_model(repo, "xgb_threshold", (30, 1), params, "xgboost.json", binary.save_model)
     cases["xgb_threshold"] = Case(cancer_x, lambda x: (proba(x)[:, 1:] > 0.9) * 1.0, exact=True)
     # the pre-25.09 parameter name, which Triton still honours
     params = {"model_type": "xgboost_json", "output_class": "true", "predict_proba": "true"}
-    _saved(repo, "xgb_output_class", (30, 1), params, "xgboost.json", binary.save_model)
+    save_model(repo, "xgb_output_class", (30, 1), params, "xgboost.json", binary.save_model)
     cases["xgb_output_class"] = Case(cancer_x, lambda x: proba(x)[:, 1:], exact=False)
 
     multi = xgboost.XGBClassifier(n_estimators=10, max_depth=3).fit(iris_x, iris_y)
-    _saved(repo, "xgb_iris", (4, 1), _classifier("xgboost_ubj"), "xgboost.ubj", multi.save_model)
+    save_model(repo, "xgb_iris", (4, 1), classifier("xgboost_ubj"), "xgboost.ubj", multi.save_model)
     cases["xgb_iris"] = Case(iris_x, lambda x: multi.predict(x)[:, None], exact=True)
-    params = _classifier("xgboost_json", predict_proba="true")
-    _saved(repo, "xgb_iris_proba", (4, 3), params, "xgboost.json", multi.save_model)
+    params = classifier("xgboost_json", predict_proba="true")
+    save_model(repo, "xgb_iris_proba", (4, 3), params, "xgboost.json", multi.save_model)
     cases["xgb_iris_proba"] = Case(iris_x, multi.predict_proba, exact=False)
 
     regressor = xgboost.XGBRegressor(n_estimators=20, max_depth=3).fit(diabetes_x, diabetes_y)
     params = {"model_type": "xgboost_json", "is_classifier": "false"}
-    _saved(repo, "xgb_diabetes", (10, 1), params, "xgboost.json", regressor.save_model)
+    save_model(repo, "xgb_diabetes", (10, 1), params, "xgboost.json", regressor.save_model)
     cases["xgb_diabetes"] = Case(diabetes_x, lambda x: regressor.predict(x)[:, None], exact=False)
 
     lgb_multi = lightgbm.LGBMClassifier(n_estimators=10, verbose=-1).fit(iris_x, iris_y)
-    _saved(
+    save_model(
         repo,
         "lgb_iris",
         (4, 1),
-        _classifier("lightgbm"),
+        classifier("lightgbm"),
         "model.txt",
         lgb_multi.booster_.save_model,
     )
     cases["lgb_iris"] = Case(iris_x, lambda x: lgb_multi.predict(x)[:, None], exact=True)
     lgb_binary = lightgbm.LGBMClassifier(n_estimators=10, verbose=-1).fit(cancer_x, cancer_y)
-    params = _classifier("lightgbm", predict_proba="true")
-    _saved(repo, "lgb_cancer_proba", (30, 1), params, "model.txt", lgb_binary.booster_.save_model)
+    params = classifier("lightgbm", predict_proba="true")
+    save_model(
+        repo, "lgb_cancer_proba", (30, 1), params, "model.txt", lgb_binary.booster_.save_model
+    )
     cases["lgb_cancer_proba"] = Case(
         cancer_x, lambda x: lgb_binary.predict_proba(x)[:, 1:], exact=False
     )
 
     forest = RandomForestClassifier(n_estimators=10, max_depth=4, random_state=0)
     forest.fit(iris_x, iris_y)
-    params = _classifier("treelite_checkpoint", predict_proba="true")
-    _saved(
+    params = classifier("treelite_checkpoint", predict_proba="true")
+    save_model(
         repo,
         "sk_forest",
         (4, 3),
@@ -184,7 +124,7 @@ def build_cases(repo: Path) -> dict[str, Case]:
     boosted = GradientBoostingRegressor(n_estimators=20, random_state=0)
     boosted.fit(diabetes_x, diabetes_y)
     params = {"model_type": "treelite_checkpoint", "is_classifier": "false"}
-    _saved(
+    save_model(
         repo,
         "sk_boosted",
         (10, 1),
@@ -230,7 +170,7 @@ BROKEN: dict[str, tuple[tuple[int, int, dict[str, str], str], str]] = {
 def _write_broken(repo: Path, source: Path) -> None:
     for name, ((features, width, parameters, input_name), _) in BROKEN.items():
         config = fil_config(name, features, width, parameters=parameters, input_name=input_name)
-        _write(repo, name, config, "xgboost.json").write_bytes(source.read_bytes())
+        write_model(repo, name, config, "xgboost.json").write_bytes(source.read_bytes())
 
 
 @pytest.fixture(scope="module")
@@ -245,7 +185,7 @@ def repo_and_cases(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict
 def _build_example(repo: Path) -> Case:
     """The example repository's FIL model: its committed config, its builder's model file."""
     source = EXAMPLES / "model_repository" / EXAMPLE
-    path = _write(repo, EXAMPLE, (source / "config.pbtxt").read_text(), "xgboost.ubj")
+    path = write_model(repo, EXAMPLE, (source / "config.pbtxt").read_text(), "xgboost.ubj")
     spec = importlib.util.spec_from_file_location("build_models", EXAMPLES / "build_models.py")
     assert spec is not None and spec.loader is not None
     builders = importlib.util.module_from_spec(spec)
@@ -374,9 +314,9 @@ def test_without_treelite_a_fil_model_is_unavailable_naming_the_extra(
     """A worker whose Python cannot import treelite (the [fil] extra) serves the others."""
     repo = tmp_path / "models"
     source = repo_and_cases[0] / "xgb_json"
-    _write(repo, "xgb_json", (source / "config.pbtxt").read_text(), "xgboost.json").write_bytes(
-        (source / "1" / "xgboost.json").read_bytes()
-    )
+    write_model(
+        repo, "xgb_json", (source / "config.pbtxt").read_text(), "xgboost.json"
+    ).write_bytes((source / "1" / "xgboost.json").read_bytes())
     add = Path(__file__).parent / "triton_python_repo" / "add_sub"
     (repo / "add_sub" / "1").mkdir(parents=True)
     (repo / "add_sub" / "config.pbtxt").write_bytes((add / "config.pbtxt").read_bytes())
@@ -405,121 +345,4 @@ def test_the_worker_warns_as_triton_of_old_parameters_and_legacy_names(service: 
     assert "The `output_class` parameter has been removed" in log
     assert (
         "model_type 'xgboost' names XGBoost's legacy binary format, but the file is UBJSON" in log
-    )
-
-
-# The backend module on its own: Triton FIL's post-processing and parameter reading.
-
-
-def _options(**given: str) -> FilOptions:
-    return parse_options(
-        {"is_classifier": "true", **given}, lambda field, message: ModelConfigError(field)
-    )
-
-
-def test_a_multiclass_label_is_the_first_best_class_and_0_when_no_score_is_positive() -> None:
-    scores = np.array([[0.2, 0.5, 0.5], [0.0, 0.0, 0.0], [-2.0, -1.0, -3.0]], np.float32)
-    labels = fil_output(scores, _options(), width=1)
-    assert labels.tolist() == [[1.0], [0.0], [0.0]]
-
-
-def test_a_binary_label_needs_a_score_above_the_threshold() -> None:
-    scores = np.array([[0.3], [0.30001], [0.9]], np.float32)
-    assert fil_output(scores, _options(threshold="0.3"), width=1).tolist() == [[0], [1], [1]]
-
-
-def test_binary_probabilities_come_as_one_score_or_both_classes() -> None:
-    scores = np.array([[0.25], [1.0]], np.float32)
-    proba = _options(predict_proba="true")
-    assert fil_output(scores, proba, width=1).tolist() == [[0.25], [1.0]]
-    assert fil_output(scores, proba, width=2).tolist() == [[0.75, 0.25], [0.0, 1.0]]
-
-
-def test_a_regressor_answers_its_scores_and_ignores_the_threshold() -> None:
-    scores = np.array([[-3.5], [120.0]], np.float32)
-    options = _options(is_classifier="false", threshold="7")
-    assert options.threshold == 0.5
-    assert fil_output(scores, options, width=1).tolist() == [[-3.5], [120.0]]
-
-
-def test_the_older_output_class_wins_over_is_classifier_as_in_triton() -> None:
-    assert not _options(output_class="false").is_classifier
-    assert _options(output_class="maybe").is_classifier  # not a flag: is_classifier decides
-
-
-@pytest.mark.parametrize(
-    ("given", "field"),
-    [
-        ({"predict_proba": "yes"}, "parameters.predict_proba"),
-        ({"cpu_nthread": "all"}, "parameters.cpu_nthread"),
-        ({"is_classifier": ""}, "parameters.is_classifier"),
-        ({"model_type": "xgboost_binary"}, "parameters.model_type"),
-    ],
-)
-def test_a_bad_parameter_is_named(given: dict[str, str], field: str) -> None:
-    with pytest.raises(ModelConfigError) as err:
-        _options(**given)
-    assert str(err.value) == field
-
-
-def test_missing_values_go_where_xgboost_sends_them(tmp_path: Path) -> None:
-    """NaN features take each split's default branch, as in XGBoost's own predict."""
-    x, y = load_breast_cancer(return_X_y=True)
-    x = x.astype(np.float32)
-    model = xgboost.XGBClassifier(n_estimators=10, max_depth=3).fit(x, y)
-    parameters = _classifier("xgboost_json", predict_proba="true")
-    _saved(tmp_path, "nan", (30, 2), parameters, "xgboost.json", model.save_model)
-    spec = load_model_config(tmp_path / "nan", complete=fil.complete_config)
-    infer = fil.load_instance(spec, tmp_path / "nan", 1, torch.device("cpu"), 0)
-    rows = x[:50].copy()
-    rows[np.random.default_rng(0).random(rows.shape) < 0.3] = np.nan
-    served = infer({"input__0": torch.from_numpy(rows)})["output__0"]
-    np.testing.assert_allclose(served, model.predict_proba(rows), rtol=1e-5, atol=1e-6)
-
-
-def test_a_json_file_under_the_legacy_name_loads_as_json(tmp_path: Path) -> None:
-    x, y = load_iris(return_X_y=True)
-    model = xgboost.XGBClassifier(n_estimators=5, max_depth=2).fit(x, y)
-    path = tmp_path / "xgboost.model"
-    model.save_model(str(tmp_path / "m.json"))
-    (tmp_path / "m.json").rename(path)
-    forest = fil.load_forest(path, _options())
-    assert forest.num_feature == 4
-
-
-def test_a_file_that_is_no_model_is_refused_with_its_path_and_format(tmp_path: Path) -> None:
-    path = tmp_path / "model.txt"
-    path.write_text("not a LightGBM model\n")
-    with pytest.raises(ModelConfigError) as err:
-        fil.load_forest(path, _options(model_type="lightgbm"))
-    assert str(err.value).startswith(f"{path}: cannot load as model_type 'lightgbm': ")
-
-
-def test_unknown_json_fields_load_only_when_allowed(tmp_path: Path) -> None:
-    x, y = load_iris(return_X_y=True)
-    path = tmp_path / "xgboost.json"
-    xgboost.XGBClassifier(n_estimators=3, max_depth=2).fit(x, y).save_model(str(path))
-    document = json.loads(path.read_text())
-    document["learner"]["written_by_a_newer_xgboost"] = 1
-    path.write_text(json.dumps(document))
-    with pytest.raises(ModelConfigError, match="cannot load as model_type 'xgboost_json'"):
-        fil.load_forest(path, _options(model_type="xgboost_json"))
-    allowed = _options(model_type="xgboost_json", xgboost_allow_unknown_field="true")
-    with pytest.warns(UserWarning, match="written_by_a_newer_xgboost"):
-        assert fil.load_forest(path, allowed).num_feature == 4
-
-
-def test_a_shap_output_is_refused_saying_so(tmp_path: Path) -> None:
-    x, y = load_breast_cancer(return_X_y=True)
-    config = fil_config("shap", 30, 1, parameters=_classifier("xgboost_json")).replace(
-        "output [ {", 'output [ { name: "treeshap_output" data_type: TYPE_FP32 dims: [ 31 ] }, {'
-    )
-    path = _write(tmp_path, "shap", config, "xgboost.json")
-    xgboost.XGBClassifier(n_estimators=3, max_depth=2).fit(x, y).save_model(str(path))
-    spec = load_model_config(tmp_path / "shap", complete=fil.complete_config)
-    with pytest.raises(ModelConfigError) as err:
-        fil.load_instance(spec, tmp_path / "shap", 1, torch.device("cpu"), 0)
-    assert str(err.value).endswith(
-        "output: a FIL model has the one output 'output__0', got ['treeshap_output', "
-        "'output__0'] (sluice does not compute 'treeshap_output')"
     )
