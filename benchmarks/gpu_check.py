@@ -8,6 +8,8 @@ utilisation read from NVML during each served level.
 Columns: `alone` is the model's forward at batch 64 on inputs already on the device (what the
 GPU can do); `worker path` is `run_batch` on 64 one-row requests through the instance's staging
 (pinned buffers, its stream, outputs back to the host: the worker without Redis or HTTP);
+`staged ahead` is that path on a lane's thread with each next batch's inputs copied ahead
+while the lane computes (`sluice.workers.stage_ahead`, one instance's overlap);
 `c=N` is served throughput with N clients of one row each, its median latency, the mean batch
 the model ran and the GPU's mean utilisation over the level. Figures go to --out (default
 $OUT, if set) as gpu_check.json and gpu_check.md.
@@ -26,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -44,9 +47,10 @@ from sluice.shared import device_metrics as dm  # noqa: E402
 from sluice.shared.model_config import load_model_config  # noqa: E402
 from sluice.shared.protocol import Request, Tensor  # noqa: E402
 from sluice.workers.backends import load_instance  # noqa: E402
-from sluice.workers.cuda_staging import CudaStaging  # noqa: E402
+from sluice.workers.cuda_staging import CudaStaging, Staged  # noqa: E402
 from sluice.workers.device_sampler import GpuSampler, cuda_gpu_uuids, open_nvml  # noqa: E402
 from sluice.workers.execution import run_batch  # noqa: E402
+from sluice.workers.stage_ahead import StageAhead  # noqa: E402
 
 from sluice.embedded_redis import EmbeddedRedis  # noqa: E402
 
@@ -132,9 +136,8 @@ def alone(model_dir: Path, width: int, device: torch.device, seconds: float) -> 
     return calls * BATCH / (time.perf_counter() - start)
 
 
-def worker_path(model_dir: Path, width: int, device: torch.device, seconds: float) -> float:
-    """Rows per second of the worker's batch path (stack, copy in, run, copy out, cut) on 64
-    one-row requests, through an instance's staging on a GPU."""
+def _batch_path(model_dir: Path, width: int, device: torch.device) -> tuple[Any, ...]:
+    """The model's spec, one loaded instance, its staging and 64 one-row requests."""
     spec = load_model_config(model_dir)
     infer = load_instance(spec, model_dir, 1, device, 0)
     staging = CudaStaging(device) if device.type == "cuda" else None
@@ -143,6 +146,13 @@ def worker_path(model_dir: Path, width: int, device: torch.device, seconds: floa
         Request(f"r{i}", 1, 0, "check", [Tensor("INPUT__0", "FP32", (1, width), row)])
         for i in range(BATCH)
     ]
+    return spec, infer, staging, requests
+
+
+def worker_path(model_dir: Path, width: int, device: torch.device, seconds: float) -> float:
+    """Rows per second of the worker's batch path (stack, copy in, run, copy out, cut) on 64
+    one-row requests, through an instance's staging on a GPU."""
+    spec, infer, staging, requests = _batch_path(model_dir, width, device)
     sizes = [1] * BATCH
     for _ in range(10):
         run_batch(spec, infer, requests, sizes, device, staging=staging)
@@ -151,6 +161,27 @@ def worker_path(model_dir: Path, width: int, device: torch.device, seconds: floa
         run_batch(spec, infer, requests, sizes, device, staging=staging)
         batches += 1
     return batches * BATCH / (time.perf_counter() - start)
+
+
+def staged_path(model_dir: Path, width: int, device: torch.device, seconds: float) -> float:
+    """The same path on one lane's thread, each next batch's inputs staged ahead on this
+    thread while the lane runs the current one, as the batch loop does on a GPU."""
+    spec, infer, staging, requests = _batch_path(model_dir, width, device)
+    sizes, ahead = [1] * BATCH, StageAhead(spec, device)
+
+    def run(staged: Staged | None) -> object:
+        return run_batch(spec, infer, requests, sizes, device, staging=staging, staged=staged)
+
+    batches, start = 0, time.perf_counter()
+    with ThreadPoolExecutor(1) as lane:
+        running = lane.submit(run, None)
+        while time.perf_counter() - start < seconds:
+            ahead.stage(requests)
+            running.result()
+            running = lane.submit(run, ahead.take(requests))
+            batches += 1
+        running.result()
+    return (batches + 1) * BATCH / (time.perf_counter() - start)
 
 
 class Utilisation:
@@ -217,12 +248,13 @@ def cell(value: object, fmt: str) -> str:
 
 def table(figures: dict[str, Any]) -> str:
     lines = [
-        "| model | alone b=64 rows/s | worker path b=64 rows/s | c=1 infer/s | c=1 p50 ms "
-        "| c=1 GPU util | c=64 infer/s | c=64 p50 ms | c=64 mean batch | c=64 GPU util |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| model | alone b=64 rows/s | worker path b=64 rows/s | staged ahead b=64 rows/s "
+        "| c=1 infer/s | c=1 p50 ms | c=1 GPU util | c=64 infer/s | c=64 p50 ms "
+        "| c=64 mean batch | c=64 GPU util |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for model, row in figures["models"].items():
-        cells = [model, cell(row["alone"], ",.0f"), cell(row["worker_path"], ",.0f")]
+        cells = [model, *(cell(row[k], ",.0f") for k in ("alone", "worker_path", "staged_path"))]
         for level in LEVELS:
             run = figures["served"].get(f"{model} c={level}", {})
             if "error" in run or not run:
@@ -262,6 +294,7 @@ def main() -> None:
             figures["models"][model] = {
                 "alone": alone(repo / model, width, device, seconds),
                 "worker_path": worker_path(repo / model, width, device, seconds),
+                "staged_path": staged_path(repo / model, width, device, seconds),
             }
             print(f"{model}: {figures['models'][model]}", flush=True)
         if device.type == "cuda":

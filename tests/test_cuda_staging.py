@@ -14,6 +14,7 @@ from sluice.shared.model_config import ModelSpec, load_model_config
 from sluice.shared.protocol import Request, Tensor
 from sluice.workers.cuda_staging import CudaStaging, HostBuffers, stack_into
 from sluice.workers.execution import collate, run_batch
+from sluice.workers.stage_ahead import StageAhead
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
@@ -154,3 +155,31 @@ def test_outputs_come_back_in_pinned_host_tensors() -> None:
     assert isinstance(y, torch.Tensor) and not y.is_cuda and y.is_pinned()
     assert y.tolist() == [0.0, 1.0, 2.0, 3.0]
     assert isinstance(host["n"], np.ndarray)
+
+
+@needs_cuda
+def test_a_batch_staged_ahead_runs_after_its_copy_on_the_lane_stream(tmp_path: Path) -> None:
+    """Copied on the staging stream while the lane's stream is busy with a long kernel; the
+    lane's run waits for the copy's event, not for the staging stream as a whole."""
+    model = spec(tmp_path)
+    device = torch.device("cuda", 0)
+    lane, ahead = CudaStaging(device), StageAhead(model, device)
+    requests = [request(3, 2), request(4, 1)]
+    with torch.cuda.stream(lane.stream):
+        torch.cuda._sleep(50_000_000)  # the lane's current batch, still computing
+    ahead.stage(requests)
+    staged = ahead.take(requests)
+    assert staged is not None and staged.copied is not None
+    x = staged.inputs["x"]
+    assert isinstance(x, torch.Tensor) and x.is_cuda
+    outputs, _ = run_batch(
+        model,
+        lambda inputs: {"y": inputs["x"] * 2},
+        requests,
+        [2, 1],
+        device,
+        staging=lane,
+        staged=staged,
+    )
+    got = [np.frombuffer(out[0].data, dtype=np.float32).tolist() for out in outputs]
+    assert got == [[6.0] * 4, [8.0] * 2]

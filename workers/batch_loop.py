@@ -2,7 +2,8 @@
 
 The decision is `QueueState.decide` (the pure `next_batch`, after Triton's GetDynamicBatch);
 this loop does the waiting: exactly as long as it says, or until the next request times out,
-or until a request arrives or a lane frees.
+or until a request arrives or a lane frees. While every lane is busy, it has the inputs of a full
+next batch made ahead (`sluice.workers.stage_ahead`, on a GPU), which changes no batch.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ class BatchLoop:
         state = self.state
         while not state.finished:
             if not state.may_launch:
+                if self.instances.ahead is not None and state.pending:
+                    self._stage_next()
                 state.wake.clear()
                 await state.wake.wait()
                 continue
@@ -56,3 +59,10 @@ class BatchLoop:
             with contextlib.suppress(TimeoutError):
                 wait_s = decision.ns / 1e9 if decision.ns else None
                 await asyncio.wait_for(state.wake.wait(), wait_s)
+
+    def _stage_next(self) -> None:
+        """Every lane is busy: make the inputs of the full batch a free lane would take now."""
+        assert self.instances.ahead is not None
+        batch = self.state.full_batch(time.time_ns())
+        if batch:
+            self.instances.ahead.stage([q.request for q in batch])

@@ -16,10 +16,11 @@ Per instance (lane), on a CUDA device:
 Overlap: each lane runs its batches on a thread of its own (`sluice.workers.instances`) and on a
 stream of its own, so while one lane's batch computes, another lane's thread stacks the next
 batch and enqueues its copy, which the GPU's copy engine runs beside the first stream's kernels.
-One instance alone gets no overlap (it takes its next batch only once this one is answered);
-`instance_group { count: 2 }` on a GPU gives two lanes whose copies and compute interleave. The
-pinned input buffers are safe to refill at a lane's next batch because its last batch ended with
-the stream's synchronize, after its copies.
+One instance gets its overlap from the batch loop: while every lane computes and the next batch
+is already full, its inputs are copied ahead on a stream of their own
+(`sluice.workers.stage_ahead`), and the lane that takes that batch waits for the copy's event
+instead of copying. The pinned input buffers are safe to refill at a lane's next batch because
+its last batch ended with the stream's synchronize, after its copies.
 
 On a CPU device none of this runs (`torch.empty(pin_memory=True)` needs CUDA): the inputs are
 stacked as before.
@@ -28,6 +29,7 @@ stacked as before.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -108,3 +110,23 @@ class CudaStaging:
                     host[name] = value
         self.stream.synchronize()
         return host
+
+
+@dataclass(frozen=True, slots=True)
+class Staged:
+    """A batch's model inputs made before a lane took it, and the requests they were made for."""
+
+    ids: tuple[str, ...]
+    inputs: dict[str, object]
+    #: recorded on the staging stream after its copies (None: the inputs are on the host).
+    copied: Any = None
+
+    def used_on(self, stream: Any) -> None:
+        """Make `stream`'s work wait for the copies, and keep their device memory from being
+        reused before that work is done (it was allocated on the staging stream)."""
+        if self.copied is None:
+            return
+        stream.wait_event(self.copied)
+        for value in self.inputs.values():
+            if isinstance(value, torch.Tensor) and value.is_cuda:
+                value.record_stream(stream)

@@ -24,7 +24,7 @@ from sluice.shared.errors import ModelExecutionError, SluiceError
 from sluice.shared.model_config import ModelSpec
 from sluice.shared.protocol import Request, Tensor
 from sluice.workers.backends import Infer
-from sluice.workers.cuda_staging import CudaStaging, stack_into
+from sluice.workers.cuda_staging import CudaStaging, Staged, stack_into
 from sluice.workers.python_backend.instance import TritonInstance
 
 _TORCH_DTYPE_FOR_BF16 = torch.bfloat16
@@ -217,23 +217,27 @@ def run_batch(
     device: torch.device,
     stacked: Callable[[], None] = lambda: None,
     staging: CudaStaging | None = None,
+    staged: Staged | None = None,
 ) -> BatchOutputs:
     """Run one batch on one instance; called in the instance's thread. `stacked` is called
-    once the inputs are stacked (or failed to stack), just before the model runs. With the
-    instance's CUDA `staging`, the model runs on its stream and the infer phase ends with the
-    outputs in host memory (the batch's one synchronize)."""
+    once the inputs are stacked (or failed to stack), just before the model runs; inputs
+    `staged` ahead for these requests are used as they are. With the instance's CUDA
+    `staging`, the model runs on its stream and the infer phase ends with the outputs in host
+    memory (the batch's one synchronize)."""
     if isinstance(infer, TritonInstance):
         return _run_requests(infer, requests, stacked)
     timing = BatchTiming()
     t0 = time.perf_counter_ns()
     try:
-        inputs = collate(spec, requests, device, staging)
+        inputs = collate(spec, requests, device, staging) if staged is None else staged.inputs
     finally:
         stacked()
     t1 = time.perf_counter_ns()
     with torch.inference_mode():
         if staging is not None:
             with torch.cuda.stream(staging.stream):
+                if staged is not None:
+                    staged.used_on(staging.stream)
                 outputs = staging.to_host(infer(inputs))
         else:
             outputs = infer(inputs)

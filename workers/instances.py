@@ -32,6 +32,7 @@ from sluice.workers.backends import Infer, close_instance, instance_devices
 from sluice.workers.cuda_staging import CudaStaging
 from sluice.workers.execution import BatchOutputs, adopt_torch_threads, run_batch
 from sluice.workers.python_backend.instance import TritonInstance
+from sluice.workers.stage_ahead import StageAhead
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,10 @@ class Instances:
         instances: dict[int, list[Infer]],
         device: torch.device,
         handoff_timeout_s: float = HANDOFF_TIMEOUT_S,
+        stage_ahead: bool | None = None,
     ) -> None:
+        """`stage_ahead`: make a full next batch's inputs while every lane is busy (None: on
+        a GPU, when every lane is on the same one)."""
         self.spec = spec
         #: version -> one callable per lane.
         self.by_version = instances
@@ -57,10 +61,9 @@ class Instances:
         self.device = device
         #: each lane's CUDA stream and pinned buffers (None: a lane on the CPU); a lane's
         #: device is where `instance_devices` placed the instance of its index.
-        self._staging = [
-            CudaStaging(lane_device) if lane_device.type == "cuda" else None
-            for lane_device in (instance_devices(spec) if device.type == "cuda" else ())
-        ]
+        on_gpu = device.type == "cuda"
+        lane_devices = instance_devices(spec) if on_gpu else (device,) * spec.instance_count
+        self._staging = [CudaStaging(d) if d.type == "cuda" else None for d in lane_devices]
         self.handoff_timeout_s = handoff_timeout_s
         #: the model answers each request itself: never split a batch, never run on the loop.
         self.answers_each = any(
@@ -69,6 +72,12 @@ class Instances:
         #: wall time of the model's last successful run (None: no run yet, or the model must
         #: not run on the loop: `runs_inline` then says no).
         self.last_run_ns: int | None = None
+        if stage_ahead is None:
+            stage_ahead = on_gpu and len(set(lane_devices)) == 1
+        #: the next batch's inputs, made while every lane is busy (None: not done here).
+        self.ahead = (
+            StageAhead(spec, lane_devices[0]) if stage_ahead and not self.answers_each else None
+        )
         self._closed = False
         self._pool = ThreadPoolExecutor(
             spec.instance_count, thread_name_prefix=spec.name, initializer=adopt_torch_threads
@@ -82,7 +91,8 @@ class Instances:
         """The batch's run on its lane's thread, taken up by it by the time this returns (or
         after `handoff_timeout_s`), or done right here (`here`)."""
         infer = self.by_version[requests[0].version][lane]
-        staging = self._staging[lane] if self._staging else None
+        staging = self._staging[lane]
+        staged = self.ahead.take(requests) if self.ahead is not None else None
         loop = asyncio.get_running_loop()
         if not here:
             stacked = threading.Event()
@@ -96,13 +106,16 @@ class Instances:
                 self.device,
                 stacked.set,
                 staging,
+                staged,
             )
             stacked.wait(self.handoff_timeout_s)
             return running
         done: asyncio.Future[BatchOutputs] = loop.create_future()
         try:
             done.set_result(
-                run_batch(self.spec, infer, requests, sizes, self.device, staging=staging)
+                run_batch(
+                    self.spec, infer, requests, sizes, self.device, staging=staging, staged=staged
+                )
             )
         except Exception as exc:  # reported by run_isolating, as from the lane's thread
             done.set_exception(exc)

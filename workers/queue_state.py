@@ -172,6 +172,17 @@ class QueueState:
             wait_ns = max(0, expiry - now_ns) if wait_ns is None else min(wait_ns, expiry - now_ns)
         return Wait(wait_ns)
 
+    def full_batch(self, now_ns: int) -> list[Queued]:
+        """The batch `decide` would launch now if it is full, so no request could join it
+        before a lane frees (empty: none such); nothing is taken."""
+        pendings = self.pending.pendings()
+        decision = next_batch(pendings, now_ns, self.rules, self.arrivals.mean_ns)
+        if not isinstance(decision, Send):
+            return []
+        if sum(pendings[i].batch_size for i in decision.indices) < self.capacity:
+            return []
+        return [self.pending.items[i] for i in decision.indices]
+
     def batch_launched(self, indices: tuple[int, ...], last_run_ns: int | None) -> Launch:
         """Take the batch for a free lane; it runs on the loop's thread when nothing else
         could use the loop meanwhile (`runs_inline`), and then nothing is read until it is

@@ -1,0 +1,166 @@
+"""The next batch's inputs made while every lane is busy: used by the lane only when it takes
+exactly the batch they were made for, so no batch changes. The decision and the hand-over run on
+the CPU (`stage_ahead=True`); on a GPU the same path copies on a stream of its own."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from sluice.shared.model_config import ModelSpec, load_model_config
+from sluice.shared.protocol import Request, Tensor
+from sluice.workers.batcher import BatchRules, Pending, Send
+from sluice.workers.instances import Instances
+from sluice.workers.pending import Queued
+from sluice.workers.queue_state import QueueState
+from sluice.workers.stage_ahead import StageAhead
+
+from tests.streams import int_model_config, int_request
+
+MS = 1_000_000
+RULES = BatchRules(
+    max_batch_size=4, dynamic=True, max_queue_delay_ns=10 * MS, preferred_batch_sizes=frozenset()
+)
+#: long enough that only a missing release lets a gated run go on.
+WAIT_S = 60.0
+
+
+@pytest.fixture
+def spec(tmp_path: Path) -> ModelSpec:
+    (tmp_path / "add").mkdir()
+    (tmp_path / "add" / "config.pbtxt").write_text(
+        int_model_config("add").replace('backend: "python"', 'platform: "pytorch_libtorch"')
+    )
+    return load_model_config(tmp_path / "add")
+
+
+def queued(state: QueueState, request: Request, at_ns: int) -> Queued:
+    item = Queued(request, "s", b"1-0", Pending(1, 1, at_ns), seq=at_ns)
+    state.arrived(at_ns)
+    state.queued(item)
+    state.requests_read()
+    return item
+
+
+def values(outputs: Any) -> list[int]:
+    return [int(np.frombuffer(tensors[0].data, np.int64)[0]) for tensors in outputs]
+
+
+def test_staged_inputs_are_those_the_lane_would_stack(spec: ModelSpec) -> None:
+    ahead = StageAhead(spec, torch.device("cpu"))
+    batch = [int_request(i, "reply") for i in range(4)]
+    ahead.stage(batch)
+    staged = ahead.take(batch)
+    assert staged is not None and ahead.used == 1
+    assert staged.inputs["IN"].tolist() == [[0], [1], [2], [3]]  # type: ignore[attr-defined]
+    assert ahead.take(batch) is None  # taken once
+
+
+def test_staging_the_same_batch_again_drops_nothing(spec: ModelSpec) -> None:
+    ahead = StageAhead(spec, torch.device("cpu"))
+    batch = [int_request(i, "reply") for i in range(4)]
+    ahead.stage(batch)
+    ahead.stage(list(batch))
+    assert ahead.dropped == 0 and ahead.take(batch) is not None
+
+
+def test_a_lane_taking_other_requests_drops_the_staged_inputs(spec: ModelSpec) -> None:
+    ahead = StageAhead(spec, torch.device("cpu"))
+    batch = [int_request(i, "reply") for i in range(4)]
+    ahead.stage(batch)
+    assert ahead.take(batch[1:]) is None
+    assert ahead.dropped == 1 and ahead.take(batch) is None
+
+
+def test_inputs_that_do_not_stack_are_left_to_the_lane(spec: ModelSpec) -> None:
+    ahead = StageAhead(spec, torch.device("cpu"))
+    odd = int_request(9, "reply")
+    odd.inputs[0] = Tensor("IN", "INT64", (1, 2), bytes(16))
+    batch = [int_request(0, "reply"), odd]
+    ahead.stage(batch)
+    assert ahead.take(batch) is None and ahead.used == 0
+
+
+def test_only_a_full_batch_is_staged_while_the_lanes_are_busy() -> None:
+    state = QueueState(RULES, 1, 1)
+    queued(state, int_request(0, "reply"), 0)
+    state.batch_launched((0,), last_run_ns=None)
+    for i in range(1, 4):
+        queued(state, int_request(i, "reply"), i)
+    assert state.full_batch(now_ns=20 * MS) == []  # due, but one more could still join it
+    queued(state, int_request(4, "reply"), 4)
+    queued(state, int_request(5, "reply"), 5)
+    full = state.full_batch(now_ns=5)
+    assert [q.request.id for q in full] == ["r1", "r2", "r3", "r4"]
+    assert len(state.pending) == 5  # nothing taken
+
+
+def _gated(spec: ModelSpec) -> tuple[Instances, threading.Event, list[Any]]:
+    """One lane whose first run waits for the release; every run's input is kept."""
+    release, seen = threading.Event(), []
+
+    def infer(inputs: dict[str, Any]) -> dict[str, Any]:
+        seen.append(inputs["IN"])
+        if len(seen) == 1:
+            release.wait(WAIT_S)
+        return {"OUT": inputs["IN"] + 1}
+
+    return Instances(spec, {1: [infer]}, torch.device("cpu"), stage_ahead=True), release, seen
+
+
+def _second_batch(
+    spec: ModelSpec, arrivals: int, before_the_lane_frees: Callable[[QueueState], object]
+) -> tuple[list[int], StageAhead, list[Any]]:
+    """r0 runs alone; r1.. arrive while it runs and the full batch is staged ahead; then
+    `before_the_lane_frees`, and the lane takes the next batch as the batch loop would: its
+    answers, the staging and every run's input."""
+
+    async def run() -> tuple[list[int], StageAhead, list[Any]]:
+        instances, release, seen = _gated(spec)
+        assert instances.ahead is not None
+        state = QueueState(RULES, 1, 1)
+        queued(state, int_request(0, "reply"), 0)
+        launch = state.batch_launched((0,), last_run_ns=None)
+        first = instances.start(launch.lane, [q.request for q in launch.batch], [1])
+        for i in range(1, arrivals + 1):
+            queued(state, int_request(i, "reply"), i)
+        instances.ahead.stage([q.request for q in state.full_batch(now_ns=arrivals)])
+        before_the_lane_frees(state)
+        release.set()
+        assert values((await first)[0]) == [1]
+        state.batch_finished(launch.lane)
+        decision = state.decide(now_ns=arrivals + 1)
+        assert isinstance(decision, Send)
+        launch = state.batch_launched(decision.indices, last_run_ns=None)
+        outputs, _ = await instances.start(launch.lane, [q.request for q in launch.batch], [1] * 4)
+        instances.shutdown()
+        return values(outputs), instances.ahead, seen
+
+    return asyncio.run(run())
+
+
+def test_the_lane_runs_the_full_batch_on_the_inputs_staged_for_it(spec: ModelSpec) -> None:
+    answers, ahead, seen = _second_batch(spec, 4, lambda state: None)
+    assert answers == [2, 3, 4, 5]
+    assert (ahead.used, ahead.dropped) == (1, 0)
+    assert seen[1].tolist() == [[1], [2], [3], [4]]
+
+
+def test_a_batch_changed_after_staging_is_stacked_afresh(spec: ModelSpec) -> None:
+    # r2's client leaves: the next batch is r1, r3, r4, r5
+    answers, ahead, seen = _second_batch(spec, 5, lambda state: state.request_cancelled("r2"))
+    assert answers == [2, 4, 5, 6]
+    assert (ahead.used, ahead.dropped) == (0, 1)
+    assert seen[1].tolist() == [[1], [3], [4], [5]]
+
+
+def test_a_cpu_model_stages_nothing_by_default(spec: ModelSpec) -> None:
+    instances = Instances(spec, {1: [lambda inputs: inputs]}, torch.device("cpu"))
+    assert instances.ahead is None
+    instances.shutdown()
