@@ -15,11 +15,12 @@ from typing import Any, Protocol
 
 from sluice.gateway import metadata
 from sluice.gateway.bulk_api import BulkApi, BulkUpload
-from sluice.gateway.dispatcher import Dispatcher, Route
+from sluice.gateway.dispatcher import Dispatcher
 from sluice.gateway.ensembles import Ensembles
 from sluice.gateway.model_loads import check_load, failed_to_poll, load_fleet_wide
 from sluice.gateway.model_table import ModelTable, ModelView, no_versions
 from sluice.gateway.outage import RETRY_AFTER_S
+from sluice.gateway.outbox import Route
 from sluice.shared import keys
 from sluice.shared.bulk import BulkStatus
 from sluice.shared.ensemble import is_ensemble

@@ -1,8 +1,8 @@
 """Requests out to the model streams, results back from this gateway's reply stream.
 
 Requests that arrive in the same event-loop turn go to Redis as one entry per model in one
-round trip; one reader task resolves every waiter from the reply stream. Redis work per request
-is therefore O(1) and shrinks as load grows.
+round trip (gateway/outbox.py); one reader task resolves every waiter from the reply stream
+(gateway/replies.py). Redis work per request is therefore O(1) and shrinks as load grows.
 
 While Redis is unreachable, requests are held and sent once it answers again, all of them
 again after a restart (gateway/outage.py): a request may then run twice, but its id is
@@ -13,53 +13,25 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncGenerator, Callable, Iterable
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import redis.asyncio as aioredis
-from sluice.gateway.outage import RETRY_AFTER_S, RETRY_CAP_S, RETRY_FIRST_S, Outage, OutagePolicy
+from sluice.gateway.outage import RETRY_AFTER_S, Outage, OutagePolicy
+from sluice.gateway.outbox import Route, outbox_commands
+from sluice.gateway.preserve_ordering import ReleaseOrder
+from sluice.gateway.replies import ReplyReader
 from sluice.gateway.response_order import ResponseOrder
 from sluice.shared import keys
-from sluice.shared.admission import ENQUEUE
 from sluice.shared.errors import Cancelled, Unavailable
 from sluice.shared.idle_poll import DEFAULT_WINDOW_US, IdlePoll
 from sluice.shared.partitions import Dealer
-from sluice.shared.protocol import (
-    ProtocolError,
-    Request,
-    Result,
-    encode_requests,
-    settle_results,
-)
+from sluice.shared.protocol import Request, Result
 from sluice.shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS, server_info
-from sluice.shared.redis_wire import Command, Wire, stream_entries, xadd
-
-log = logging.getLogger(__name__)
-
-#: trim the reply stream once this many entries have been read since the last trim. The trim is
-#: approximate (MINID ~): Redis drops whole nodes of read entries and never edits a node in
-#: place; at most a node's worth of read entries stays behind until the next trim.
-TRIM_EVERY_ENTRIES = 64
-REPLY_READ_BLOCK_MS = 1000
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    """Where a request goes: its model's stream for its priority level, and the limits."""
-
-    model: str
-    level: int = 0
-    #: requests per stream entry (the model's max_batch_size, at least 1).
-    max_per_entry: int = 1
-    #: Triton's max_queue_size for the level (0: unbounded), per partition: its share.
-    max_queue_size: int = 0
-    #: the model's stream partitions (shared/partitions.py), dealt entries in turn.
-    partitions: int = 1
+from sluice.shared.redis_wire import Wire
 
 
 def _wake_stream(order: ResponseOrder, future: asyncio.Future[Result]) -> None:
@@ -107,10 +79,18 @@ class Dispatcher:
         self._sending: set[asyncio.Task[None]] = set()
         #: "model:version" -> requests sent and not yet answered.
         self.inflight: Counter[str] = Counter()
-        #: per model with preserve_ordering: released when the latest request was answered.
-        self._last_released: dict[str, asyncio.Future[None]] = {}
+        self._ordered = ReleaseOrder()
         #: with one request in flight, poll for its reply and the client's next request
         self.idle_poll = IdlePoll(idle_poll_us * 1000, lambda: len(self.waiting) <= 1)
+        self.replies = ReplyReader(
+            reader,
+            self._reads,
+            self.reply_stream,
+            self.outage,
+            self.waiting,
+            self.streams,
+            self.idle_poll,
+        )
 
     def new_request_id(self) -> str:
         return f"{self._prefix}:{next(self._ids)}"
@@ -128,21 +108,10 @@ class Dispatcher:
         With `preserve_ordering` (Triton's dynamic_batching option) a result is released only
         after every earlier request to the same model through this gateway was answered.
         """
+        answer = self._submit(route, request, timeout_s, timeout_message)
         if not preserve_ordering:
-            return await self._submit(route, request, timeout_s, timeout_message)
-        loop = asyncio.get_running_loop()
-        earlier = self._last_released.get(route.model)
-        released: asyncio.Future[None] = loop.create_future()
-        self._last_released[route.model] = released
-        try:
-            result = await self._submit(route, request, timeout_s, timeout_message)
-            if earlier is not None:
-                await earlier
-            return result
-        finally:
-            released.set_result(None)
-            if self._last_released.get(route.model) is released:
-                del self._last_released[route.model]
+            return await answer
+        return await self._ordered.released(route.model, answer)
 
     async def _submit(
         self, route: Route, request: Request, timeout_s: float, timeout_message: str
@@ -272,27 +241,7 @@ class Dispatcher:
 
     async def send_outbox(self, outbox: dict[Route, list[Request]]) -> Exception | None:
         """Send `outbox` in one round trip; the connection error if Redis did not answer."""
-        commands: list[Command] = []
-        bounded: list[list[Request]] = []
-        for route, requests in outbox.items():
-            if route.max_queue_size:
-                # one entry per request, so that the size limit admits or refuses each
-                partition = self.dealer.next(route.model, route.level, route.partitions)
-                stream = keys.request_stream(route.model, route.level, partition)
-                args: list[int | bytes] = [route.level, route.max_queue_size]
-                for request in requests:
-                    entry = encode_requests([request])
-                    args += [entry["h"], entry["d"]]
-                sizes = keys.queue_sizes(route.model, partition)
-                commands.append(ENQUEUE.command([stream, sizes], args))
-                bounded.append(requests)
-                continue
-            for start in range(0, len(requests), route.max_per_entry):
-                partition = self.dealer.next(route.model, route.level, route.partitions)
-                stream = keys.request_stream(route.model, route.level, partition)
-                commands.append(
-                    xadd(stream, encode_requests(requests[start : start + route.max_per_entry]))
-                )
+        commands, bounded = outbox_commands(outbox, self.dealer)
         try:
             replies = await self._sends.execute(*commands)
         except CONNECTION_ERRORS as exc:
@@ -328,41 +277,8 @@ class Dispatcher:
         await self._sends.call("PING")
 
     async def read_replies(self) -> None:
-        """Resolve waiters from the reply stream until cancelled; survives Redis outages."""
-        last_id = b"0-0"
-        unread_trim = 0
-        backoff = RETRY_FIRST_S
-        await self.outage.learn_server()
-        while True:
-            if self.outage.reread_replies:
-                self.outage.reread_replies, last_id = False, b"0-0"
-            try:
-                if unread_trim >= TRIM_EVERY_ENTRIES:
-                    await self.reader.xtrim(self.reply_stream, minid=last_id, approximate=True)
-                    unread_trim = 0
-                reply = await self._reads.call(
-                    *("XREAD", "COUNT", 256, "BLOCK", REPLY_READ_BLOCK_MS),
-                    *("STREAMS", self.reply_stream, last_id),
-                )
-            except REDIS_ERRORS as exc:
-                if backoff == RETRY_FIRST_S:
-                    log.warning("reply stream read failed (%s); reconnecting", exc)
-                if isinstance(exc, CONNECTION_ERRORS):
-                    self.outage.begin(exc)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, RETRY_CAP_S)
-                continue
-            backoff = RETRY_FIRST_S
-            for _stream, entries in stream_entries(reply):
-                for entry_id, fields in entries:
-                    last_id = entry_id
-                    unread_trim += 1
-                    self._resolve(fields)
-            if reply:
-                self.idle_poll.arm()
-                # the resolved requests' answers go out before the next read is sent: that
-                # write wakes Redis, and at low load it would hold up the clients' replies
-                await asyncio.sleep(0)
+        """Resolve waiters from the reply stream until cancelled (gateway/replies.py)."""
+        await self.replies.run()
 
     async def server_identity(self) -> str | None:
         """The run id of the Redis server: a new one means a restart that may have lost writes."""
@@ -371,17 +287,6 @@ class Dispatcher:
         except REDIS_ERRORS:
             return None
         return str(info.get("run_id"))
-
-    def _resolve(self, fields: dict[bytes, bytes]) -> None:
-        try:
-            settle_results(fields, self.waiting, self._streamed)
-        except ProtocolError as exc:
-            log.error("undecodable reply entry: %s", exc)
-
-    def _streamed(self, result: Result) -> None:
-        order = self.streams.get(result.id)
-        if order is not None:
-            order.receive(result)
 
     def inflight_snapshot(self) -> dict[str, int]:
         return {slot: n for slot, n in self.inflight.items() if n}

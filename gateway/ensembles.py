@@ -15,8 +15,9 @@ import asyncio
 import time
 from typing import Any
 
-from sluice.gateway.dispatcher import Dispatcher, Route
+from sluice.gateway.dispatcher import Dispatcher
 from sluice.gateway.model_table import ModelTable, ModelView
+from sluice.gateway.outbox import Route
 from sluice.shared import keys
 from sluice.shared.ensemble import CLIENT, EnsembleError, Plan, build_plan, collect_configs
 from sluice.shared.ensemble_wire import Continuation, step_request

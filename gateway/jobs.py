@@ -17,8 +17,8 @@ from typing import Any, cast
 import msgpack
 import redis.asyncio as aioredis
 from redis.typing import EncodableT, FieldT
-from sluice.gateway.dispatcher import Route
 from sluice.gateway.outage import RETRY_AFTER_S
+from sluice.gateway.outbox import Route
 from sluice.gateway.response_order import ResponseOrder
 from sluice.shared import keys
 from sluice.shared.admission import enqueue_command, queue_full

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from sluice.gateway.dispatcher import Dispatcher, Route
+from sluice.gateway.dispatcher import Dispatcher
+from sluice.gateway.outbox import Route
 from sluice.shared import keys
 from sluice.shared.errors import Cancelled, Unavailable
 from sluice.shared.protocol import Request, Result, Tensor, decode_requests, encode_results

@@ -12,8 +12,9 @@ from pathlib import Path
 import orjson
 import pytest
 import redis.asyncio as aioredis
-from sluice.gateway.dispatcher import Dispatcher, Route
+from sluice.gateway.dispatcher import Dispatcher
 from sluice.gateway.outage import RETRY_AFTER_S, OutagePolicy
+from sluice.gateway.outbox import Route
 from sluice.shared import keys
 from sluice.shared.errors import Unavailable
 from sluice.shared.protocol import (

@@ -1,0 +1,59 @@
+"""What a gateway sends in one round trip: its outbox of requests, as stream commands.
+
+Requests for one model and priority level share stream entries of up to the model's
+max_batch_size, each entry dealt to the model's next partition. A level with a max_queue_size
+sends one entry per request through the admission script instead, so that the limit admits
+or refuses each request on its own, as Triton's does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sluice.shared import keys
+from sluice.shared.admission import ENQUEUE
+from sluice.shared.partitions import Dealer
+from sluice.shared.protocol import Request, encode_requests
+from sluice.shared.redis_wire import Command, xadd
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where a request goes: its model's stream for its priority level, and the limits."""
+
+    model: str
+    level: int = 0
+    #: requests per stream entry (the model's max_batch_size, at least 1).
+    max_per_entry: int = 1
+    #: Triton's max_queue_size for the level (0: unbounded), per partition: its share.
+    max_queue_size: int = 0
+    #: the model's stream partitions (shared/partitions.py), dealt entries in turn.
+    partitions: int = 1
+
+
+def outbox_commands(
+    outbox: dict[Route, list[Request]], dealer: Dealer
+) -> tuple[list[Command], list[list[Request]]]:
+    """The commands that send `outbox`, and the requests of each admission script among them,
+    in order (its reply says which it admitted)."""
+    commands: list[Command] = []
+    bounded: list[list[Request]] = []
+    for route, requests in outbox.items():
+        if route.max_queue_size:
+            partition = dealer.next(route.model, route.level, route.partitions)
+            stream = keys.request_stream(route.model, route.level, partition)
+            args: list[int | bytes] = [route.level, route.max_queue_size]
+            for request in requests:
+                entry = encode_requests([request])
+                args += [entry["h"], entry["d"]]
+            sizes = keys.queue_sizes(route.model, partition)
+            commands.append(ENQUEUE.command([stream, sizes], args))
+            bounded.append(requests)
+            continue
+        for start in range(0, len(requests), route.max_per_entry):
+            partition = dealer.next(route.model, route.level, route.partitions)
+            stream = keys.request_stream(route.model, route.level, partition)
+            commands.append(
+                xadd(stream, encode_requests(requests[start : start + route.max_per_entry]))
+            )
+    return commands, bounded
