@@ -10,7 +10,7 @@ import torch
 from sluice.shared.errors import ModelConfigError
 from sluice.shared.model_config import load_model_config
 from sluice.shared.repository import scan_model
-from sluice.workers.model_manager import load_model
+from sluice.workers.model_build import load_model
 from sluice.workers.placement import instance_devices, instance_slots
 
 CPU = torch.device("cpu")

@@ -12,8 +12,11 @@ a time per model, reported in the heartbeat with the generation applied:
   leaves the old queue serving, as Triton keeps the old version.
 - An unload stops taking new requests at the gateways (they see UNLOADING or the desired
   state) and finishes the requests already queued: the queue keeps reading until the streams
-  hold nothing undelivered and at least UNLOAD_SETTLE_S has passed (every gateway has seen the
-  unload by then), runs what it holds, and stops; the model's instances are shut down.
+  hold nothing undelivered and at least UNLOAD_SETTLE_S has passed (workers/retirement.py:
+  every gateway has seen the unload by then), runs what it holds, and stops; the model's
+  instances are shut down.
+
+Building a model from its files is workers/model_build.py's.
 """
 
 from __future__ import annotations
@@ -22,18 +25,14 @@ import asyncio
 import itertools
 import logging
 import shutil
-import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-from sluice.shared.ensemble import EnsembleError, build_plan, collect_configs
 from sluice.shared.errors import ModelConfigError
 from sluice.shared.model_config import Completer
 from sluice.shared.redis_client import REDIS_ERRORS, AsyncClient
 from sluice.shared.registry import (
-    HEARTBEAT_INTERVAL_S,
     LOADING,
     READY,
     UNAVAILABLE,
@@ -44,86 +43,27 @@ from sluice.shared.repository import (
     ModelEntry,
     fingerprint,
     model_names,
-    scan_model,
-    scan_repository,
 )
-from sluice.shared.repository_control import DesiredModel, override_path, read_files
-from sluice.workers.backends import Infer, instance_devices, load_instance
-from sluice.workers.handoff import hand_back, undelivered
+from sluice.shared.repository_control import DesiredModel
+from sluice.workers.model_build import (
+    ENSEMBLE_KIND,
+    Loaded,
+    build,
+    check_ensemble,
+    configure_threads,
+    entries_at_start,
+    load_model,
+)
 from sluice.workers.model_queue import ModelQueue
+from sluice.workers.retirement import drained, release
 
 log = logging.getLogger(__name__)
 
-#: an unloading model keeps serving at least this long: gateways refresh their view of the
-#: fleet every heartbeat, so by then none sends it new requests.
-UNLOAD_SETTLE_S = 2 * HEARTBEAT_INTERVAL_S
-#: an unload stops the queue after this long even if requests still arrive.
-UNLOAD_DRAIN_LIMIT_S = 30.0
-#: how often an unloading queue looks whether its streams are drained.
-DRAIN_CHECK_S = 0.05
 #: the reason an unloaded model is UNAVAILABLE for (Triton's).
 UNLOADED = "unloaded"
-#: ModelSpec.kind of an ensemble, which runs no instance of its own.
-ENSEMBLE_KIND = "ensemble"
 
 #: builds a model's queue: spec, instances per version, device, consumer name.
 QueueFactory = Callable[..., ModelQueue]
-
-
-def configure_threads(entries: list[ModelEntry]) -> None:
-    """Apply the PyTorch backend's INTRA/INTER_OP_THREAD_COUNT (process-wide in torch)."""
-    specs = [e.spec for e in entries if e.spec is not None]
-    intra = {s.intra_op_threads for s in specs if s.intra_op_threads}
-    inter = {s.inter_op_threads for s in specs if s.inter_op_threads}
-    if len(intra) > 1 or len(inter) > 1:
-        log.warning(
-            "models ask for different thread counts; using the largest (torch threads are "
-            "per process: run them in separate workers with --models to honour each)"
-        )
-    if intra:
-        torch.set_num_threads(max(intra))
-    if inter:
-        try:
-            torch.set_num_interop_threads(max(inter))
-        except RuntimeError as exc:  # already set in this process
-            log.warning("INTER_OP_THREAD_COUNT not applied: %s", exc)
-
-
-def load_model(entry: ModelEntry) -> tuple[ModelEntry, dict[int, list[Infer]], torch.device]:
-    """Every selected version, one instance on each placed device; the entry comes back with
-    its spec's `instance_count` the number placed (a GPU group's count is per GPU)."""
-    assert entry.spec is not None
-    devices = instance_devices(entry.spec)
-    spec = replace(entry.spec, instance_count=len(devices))
-    instances = {
-        version: [
-            load_instance(spec, entry.path, version, device, index)
-            for index, device in enumerate(devices)
-        ]
-        for version in entry.versions
-    }
-    return replace(entry, spec=spec), instances, devices[0]
-
-
-def check_ensemble(entry: ModelEntry, repository: Path, complete: Completer | None) -> None:
-    """An ensemble "loads" once its steps check out against the repository's composing models
-    (loaded here or not: any worker may serve them); EnsembleError with Triton's reason."""
-    assert entry.spec is not None
-
-    def config_of(name: str) -> Mapping[str, object] | None:
-        if entry.spec is not None and name == entry.name:
-            return entry.spec.config_json
-        if not (repository / name).is_dir():
-            return None
-        found = scan_model(repository / name, complete=complete)
-        if found.spec is None or found.error:
-            raise EnsembleError(
-                f"ensemble '{entry.name}' depends on '{name}' which is not valid. Model "
-                f"'{name}' failed with error: {found.error}"
-            )
-        return found.spec.config_json
-
-    build_plan(entry.name, collect_configs(entry.name, config_of))
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,21 +140,10 @@ class ModelManager:
 
     # -- start -------------------------------------------------------------------------------
 
-    def scan_at_start(
-        self, only: set[str] | None
-    ) -> list[tuple[ModelEntry, dict[int, list[Infer]], torch.device]]:
+    def scan_at_start(self, only: set[str] | None) -> list[Loaded]:
         """Load the models to serve from the start (`only`: these, else every one); blocking,
         run on a thread before the worker serves."""
-        entries = scan_repository(self.repository, complete=self.complete)
-        for missing in (only or set()) - {e.name for e in entries}:
-            log.error("--load-model %r: no such model in %s", missing, self.repository)
-        wanted = set(self.models) if self.models is not None else None
-        if wanted is not None:
-            entries = [e for e in entries if e.name in wanted]
-            for missing in wanted - {e.name for e in entries}:
-                log.error("model %r is not in %s", missing, self.repository)
-        if only is not None:
-            entries = [e for e in entries if e.name in only]
+        entries = entries_at_start(self.repository, self.models, only, self.complete)
         configure_threads(entries)
         loaded = []
         for entry in entries:
@@ -239,7 +168,7 @@ class ModelManager:
             log.info("model %r versions %s ready on %s", entry.name, entry.versions, device)
         return loaded
 
-    def start(self, loaded: list[tuple[ModelEntry, dict[int, list[Infer]], torch.device]]) -> None:
+    def start(self, loaded: list[Loaded]) -> None:
         """Serve what `scan_at_start` loaded, under the worker's own consumer name."""
         for entry, instances, device in loaded:
             self._run(entry.name, self.make_queue(entry.spec, instances, device, self.consumer))
@@ -342,7 +271,9 @@ class ModelManager:
             self.overrides_dir / f"g{wanted.generation}" / name if wanted.has_files else None
         )
         try:
-            entry, instances, device = await self._build(name, wanted, files_dir or model_dir)
+            entry, instances, device = await build(
+                self.redis, name, wanted, files_dir or model_dir, self.repository, self.complete
+            )
         except Exception as exc:  # any failure of a model's files or code is its load's reason
             reason = exc.message if isinstance(exc, ModelConfigError) else f"{exc}"
             log.error("model %r not loaded: %s", name, reason)
@@ -375,24 +306,6 @@ class ModelManager:
             if source is not None and source.files_dir is not None:
                 shutil.rmtree(source.files_dir, ignore_errors=True)
 
-    async def _build(
-        self, name: str, wanted: DesiredModel, model_dir: Path
-    ) -> tuple[ModelEntry, dict[int, list[Infer]], torch.device]:
-        """The model's entry and instances, from its directory or (`file:` overrides) from the
-        private one they are written to; off the event loop."""
-        if wanted.has_files:
-            files = await read_files(self.redis, name)
-            await asyncio.to_thread(_write_files, model_dir, files)
-        entry = await asyncio.to_thread(
-            scan_model, model_dir, config_json=wanted.config_json, complete=self.complete
-        )
-        if entry.error or entry.spec is None:
-            raise ModelConfigError(entry.error or "no model config")
-        if entry.spec.kind == ENSEMBLE_KIND:
-            await asyncio.to_thread(check_ensemble, entry, self.repository, self.complete)
-            return entry, {}, torch.device("cpu")
-        return await asyncio.to_thread(load_model, entry)
-
     async def _unload(self, name: str, generation: int) -> None:
         queue = self.queues.get(name)
         if queue is None:
@@ -400,7 +313,7 @@ class ModelManager:
             self._set(name, ModelStatus([], UNLOADED, UNAVAILABLE, generation))
             return
         self._set(name, ModelStatus([], None, UNLOADING, generation))
-        if not await self._drained(name, queue, generation):
+        if not await drained(self.redis, queue, lambda: self._superseded(name, generation)):
             return  # a newer load or unload came meanwhile: applied next
         del self.queues[name]
         await self._retire(queue)
@@ -410,45 +323,19 @@ class ModelManager:
         self._set(name, ModelStatus([], UNLOADED, UNAVAILABLE, generation))
         log.info("model %r unloaded", name)
 
-    async def _drained(self, name: str, queue: ModelQueue, generation: int) -> bool:
-        """Wait until the gateways stopped sending and everything queued was run; False if a
-        newer desired state came first."""
-        settled = time.monotonic() + UNLOAD_SETTLE_S
-        limit = time.monotonic() + UNLOAD_DRAIN_LIMIT_S
-        while True:
-            if self._wanted[name].generation != generation:
-                return False
-            now = time.monotonic()
-            if now >= limit:
-                log.warning("%s: requests still arrive after the unload; stopping anyway", name)
-                return True
-            if now >= settled and queue.state.idle:
-                try:
-                    if await undelivered(self.redis, queue.streams) == 0:
-                        return True
-                except REDIS_ERRORS as exc:
-                    log.warning("%s: cannot see its streams (%s); still draining", name, exc)
-            await asyncio.sleep(DRAIN_CHECK_S)
-
     async def _retire(self, queue: ModelQueue) -> None:
         """Stop a queue that no longer serves: it finishes what it holds, then what its read
         took but never saw goes back to the streams."""
         queue.stop()
         await asyncio.shield(self._tasks[queue])
         del self._tasks[queue]
-        await queue.reader.aclose()
-        try:
-            await hand_back(self.redis, queue.streams, queue.consumer)
-        except REDIS_ERRORS as exc:  # Redis away: a live queue takes them over in time
-            log.warning(
-                "%s: entries of retired consumer %s left for a takeover after --claim-idle-ms (%s)",
-                queue.spec.name,
-                queue.consumer,
-                exc,
-            )
+        await release(self.redis, queue)
 
     def _versions(self, queue: ModelQueue) -> list[int]:
         return sorted(queue.instances.by_version)
+
+    def _superseded(self, name: str, generation: int) -> bool:
+        return self._wanted[name].generation != generation
 
     def _generation(self, name: str) -> int:
         status = self.statuses.get(name)
@@ -469,13 +356,3 @@ class ModelManager:
         for queue in self._tasks:
             await queue.reader.aclose()
         shutil.rmtree(self.overrides_dir, ignore_errors=True)
-
-
-def _write_files(model_dir: Path, files: Mapping[str, bytes]) -> None:
-    """A load's `file:<path>` overrides as a private model directory."""
-    shutil.rmtree(model_dir, ignore_errors=True)
-    for parameter, content in files.items():
-        target = model_dir / override_path(parameter)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(content)
-    model_dir.mkdir(parents=True, exist_ok=True)
