@@ -162,6 +162,13 @@ class Instances:
         if self._closed:
             return
         self._closed = True
+        if self.ahead is not None:
+            log.info(
+                "%s: %d batches ran on inputs staged ahead, %d stagings dropped",
+                self.spec.name,
+                self.ahead.used,
+                self.ahead.dropped,
+            )
         for lanes in self.by_version.values():
             for infer in lanes:
                 close_instance(infer)
