@@ -53,9 +53,7 @@ def test_prometheus_config_scrapes_the_gateway_metrics_port() -> None:
 def test_dashboard_is_valid_json_with_a_model_variable() -> None:
     dashboard = json.loads((DEPLOY / "grafana" / "sluice-dashboard.json").read_text())
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
-    assert variables["model"]["definition"] == (
-        "label_values(nv_inference_request_success, model)"
-    )
+    assert variables["model"]["definition"] == ("label_values(nv_inference_request_success, model)")
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
     for panel in _panels(dashboard):

@@ -148,9 +148,9 @@ def test_options_and_environment_make_the_settings() -> None:
     assert _collect(GatewaySettings, args, env) == GatewaySettings(
         redis_url=URL, http_port=9000, auth_token="t", job_ttl_s=61
     )
-    assert _collect(WorkerSettings, ["--model-repository", "/m", "--models", "a, b"], {
-        "SLUICE_REDIS_URL": URL
-    }) == WorkerSettings(model_repository=Path("/m"), redis_url=URL, models=("a", "b"))
+    assert _collect(
+        WorkerSettings, ["--model-repository", "/m", "--models", "a, b"], {"SLUICE_REDIS_URL": URL}
+    ) == WorkerSettings(model_repository=Path("/m"), redis_url=URL, models=("a", "b"))
 
 
 @pytest.mark.parametrize("old", sorted(OLD_SPELLINGS))
