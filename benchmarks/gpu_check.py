@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -184,6 +185,16 @@ def staged_path(model_dir: Path, width: int, device: torch.device, seconds: floa
     return (batches + 1) * BATCH / (time.perf_counter() - start)
 
 
+def unless_it_fails(figure: Callable[..., float], *args: Any) -> float | None:
+    """The figure, or None with the failure printed: one path failing on a GPU machine must
+    not cost the check's other figures."""
+    try:
+        return figure(*args)
+    except Exception as exc:
+        print(f"{figure.__name__} failed: {exc!r}", flush=True)
+        return None
+
+
 class Utilisation:
     """The GPUs' mean NVML utilisation while the block runs (None: no GPU or no NVML)."""
 
@@ -294,7 +305,7 @@ def main() -> None:
             figures["models"][model] = {
                 "alone": alone(repo / model, width, device, seconds),
                 "worker_path": worker_path(repo / model, width, device, seconds),
-                "staged_path": staged_path(repo / model, width, device, seconds),
+                "staged_path": unless_it_fails(staged_path, repo / model, width, device, seconds),
             }
             print(f"{model}: {figures['models'][model]}", flush=True)
         if device.type == "cuda":
