@@ -418,7 +418,9 @@ def _poll_mode(redis_url: str, tmp_path: Path) -> None:
         assert _output(_infer(service, "affine", "X", 1.0)) == [3.0] * 4
 
         config = repo / "affine" / "config.pbtxt"
-        config.write_text(config.read_text().replace("max_batch_size: 64", "max_batch_size: 5"))
+        edited = config.with_name(".config.pbtxt")
+        edited.write_text(config.read_text().replace("max_batch_size: 64", "max_batch_size: 5"))
+        edited.replace(config)  # whole at once: a poll never reads it half written
 
         def max_batch_size() -> int:
             return int(_call(service, "GET", "/v2/models/affine/config")[1]["max_batch_size"])
