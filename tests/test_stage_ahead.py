@@ -15,6 +15,7 @@ import pytest
 import torch
 from sluice.shared.model_config import ModelSpec, load_model_config
 from sluice.shared.protocol import Request, Tensor
+from sluice.workers.batch_loop import BatchLoop
 from sluice.workers.batcher import BatchRules, Pending, Send
 from sluice.workers.instances import Instances
 from sluice.workers.pending import Queued
@@ -101,13 +102,18 @@ def test_only_a_full_batch_is_staged_while_the_lanes_are_busy() -> None:
     assert len(state.pending) == 5  # nothing taken
 
 
-def _gated(spec: ModelSpec) -> tuple[Instances, threading.Event, list[Any]]:
-    """One lane whose first run waits for the release; every run's input is kept."""
+def _gated(
+    spec: ModelSpec, called: threading.Event | None = None
+) -> tuple[Instances, threading.Event, list[Any]]:
+    """One lane whose first run (`called` once it started) waits for the release; every
+    run's input is kept."""
     release, seen = threading.Event(), []
 
     def infer(inputs: dict[str, Any]) -> dict[str, Any]:
         seen.append(inputs["IN"])
         if len(seen) == 1:
+            if called is not None:
+                called.set()
             release.wait(WAIT_S)
         return {"OUT": inputs["IN"] + 1}
 
@@ -164,3 +170,69 @@ def test_a_cpu_model_stages_nothing_by_default(spec: ModelSpec) -> None:
     instances = Instances(spec, {1: [lambda inputs: inputs]}, torch.device("cpu"))
     assert instances.ahead is None
     instances.shutdown()
+
+
+class Launches:
+    """The part of Answering the batch loop calls: each launch runs on the instances and its
+    answers are kept; nothing is published."""
+
+    def __init__(self, state: QueueState, instances: Instances) -> None:
+        self.state, self.instances = state, instances
+        self.answers: list[list[int]] = []
+        self.answered = asyncio.Event()
+        self._runs: set[asyncio.Future[None]] = set()
+
+    async def expire(self, expired: list[Any]) -> None:
+        assert not expired
+
+    def start(self, launch: Any) -> None:
+        requests = [q.request for q in launch.batch]
+        running = self.instances.start(launch.lane, requests, [1] * len(requests), launch.inline)
+        task = asyncio.ensure_future(self._answer(launch, running))
+        self._runs.add(task)
+        task.add_done_callback(self._runs.discard)
+
+    async def _answer(self, launch: Any, running: Any) -> None:
+        outputs, _ = await running
+        self.answers.append(values(outputs))
+        self.answered.set()
+        if launch.inline:
+            self.state.inline_answered(launch.lane)
+        else:
+            self.state.batch_finished(launch.lane)
+
+
+def test_the_batch_loop_stages_the_full_batch_while_its_lane_is_busy(spec: ModelSpec) -> None:
+    async def run() -> None:
+        called = threading.Event()
+        instances, release, seen = _gated(spec, called)
+        ahead = instances.ahead
+        assert ahead is not None
+        staged = asyncio.Event()
+        stage = ahead.stage
+
+        def staging(requests: Any) -> None:
+            stage(requests)
+            staged.set()
+
+        ahead.stage = staging  # type: ignore[method-assign]
+        state = QueueState(RULES, 1, 1)
+        launches = Launches(state, instances)
+        loop = asyncio.create_task(BatchLoop(state, instances, None, launches).run())  # type: ignore[arg-type]
+        queued(state, int_request(0, "reply"), 0)  # runs alone, held by the gate
+        assert await asyncio.to_thread(called.wait, WAIT_S)
+        for i in range(1, 5):
+            queued(state, int_request(i, "reply"), i)
+        await asyncio.wait_for(staged.wait(), WAIT_S)
+        release.set()
+        while len(launches.answers) < 2:
+            launches.answered.clear()
+            await launches.answered.wait()
+        state.stop_requested()
+        await loop
+        instances.shutdown()
+        assert launches.answers == [[1], [2, 3, 4, 5]]
+        assert (ahead.used, ahead.dropped) == (1, 0)
+        assert seen[1].tolist() == [[1], [2], [3], [4]]
+
+    asyncio.run(run())
