@@ -58,9 +58,8 @@ class Dispatcher:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.redis = redis
-        self.reader = reader
-        #: the hot path's commands on connections of their own: sends, and the reply read.
         self.outage: Outage[Route] = Outage(self, outage or OutagePolicy(), clock)
+        #: the hot path's commands on connections of their own: sends, and the reply read.
         self._sends = Wire(redis, self.outage.check_server)
         self._reads = Wire(reader, self.outage.check_server)
         self.reply_stream = keys.reply_stream(gateway_id)
@@ -82,6 +81,7 @@ class Dispatcher:
         self._ordered = ReleaseOrder()
         #: with one request in flight, poll for its reply and the client's next request
         self.idle_poll = IdlePoll(idle_poll_us * 1000, lambda: len(self.waiting) <= 1)
+        #: resolves the waiters from the reply stream: its `run` is the gateway's reader task.
         self.replies = ReplyReader(
             reader,
             self._reads,
@@ -275,10 +275,6 @@ class Dispatcher:
 
     async def ping(self) -> None:
         await self._sends.call("PING")
-
-    async def read_replies(self) -> None:
-        """Resolve waiters from the reply stream until cancelled (gateway/replies.py)."""
-        await self.replies.run()
 
     async def server_identity(self) -> str | None:
         """The run id of the Redis server: a new one means a restart that may have lost writes."""

@@ -91,7 +91,7 @@ async def serve_gateway(
     metrics = HttpServer(MetricsApp(redis, table))
     stop = stop or _stop_on_signal(config.graceful_shutdown_s, http)
     background = [
-        asyncio.create_task(dispatcher.read_replies(), name="replies"),
+        asyncio.create_task(dispatcher.replies.run(), name="replies"),
         asyncio.create_task(table.run(), name="model-table"),
     ]
     grpc_port = _grpc_port(core, config)

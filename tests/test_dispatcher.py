@@ -25,7 +25,7 @@ async def reading_dispatcher(
     redis = async_client(url)
     reader = async_client(url, socket_timeout_s=None)
     d = Dispatcher(redis, reader, gateway_id, **options)
-    task = asyncio.create_task(d.read_replies())
+    task = asyncio.create_task(d.replies.run())
     try:
         yield d
     finally:
@@ -140,7 +140,7 @@ async def test_it_polls_with_one_request_in_flight_and_not_with_more(redis_url: 
     redis = async_client(redis_url)
     reader = async_client(redis_url, socket_timeout_s=None)
     d = Dispatcher(redis, reader, "gw-poll", idle_poll_us=600_000_000)
-    replies = asyncio.create_task(d.read_replies())
+    replies = asyncio.create_task(d.replies.run())
     first = asyncio.create_task(d.submit(Route("polled"), _request(d), 30))
     await _entries(redis, "polled", 1)
     assert d.idle_poll.polling  # one request in flight: the reply is all it waits for
