@@ -175,13 +175,11 @@ class QueueState:
     def full_batch(self, now_ns: int) -> list[Queued]:
         """The batch `decide` would launch now if it is full, so no request could join it
         before a lane frees (empty: none such); nothing is taken."""
-        pendings = self.pending.pendings()
-        decision = next_batch(pendings, now_ns, self.rules, self.arrivals.mean_ns)
+        decision = self.decide(now_ns)
         if not isinstance(decision, Send):
             return []
-        if sum(pendings[i].batch_size for i in decision.indices) < self.capacity:
-            return []
-        return [self.pending.items[i] for i in decision.indices]
+        batch = [self.pending.items[i] for i in decision.indices]
+        return batch if sum(q.pending.batch_size for q in batch) >= self.capacity else []
 
     def batch_launched(self, indices: tuple[int, ...], last_run_ns: int | None) -> Launch:
         """Take the batch for a free lane; it runs on the loop's thread when nothing else
