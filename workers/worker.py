@@ -49,6 +49,7 @@ from sluice.workers.model_manager import ModelManager
 from sluice.workers.model_queue import ModelQueue
 from sluice.workers.python_backend import bls
 from sluice.workers.recovery import RecoveryPolicy
+from sluice.workers.served_models import ServedModels
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,8 @@ class Worker:
         self.id = config.member_id()
         self.redis = async_client(config.redis_url)
         bls.use_redis(config.redis_url)  # Triton Python models' BLS calls go through it
-        #: the models served, built in `run` (it needs the running loop).
+        #: the models served and what changes them, built in `run` (it needs the running loop).
+        self.served: ServedModels | None = None
         self.manager: ModelManager | None = None
         #: whether the last heartbeat reached Redis (readiness).
         self.redis_ok = False
@@ -131,11 +133,11 @@ class Worker:
 
     @property
     def queues(self) -> list[ModelQueue]:
-        return list(self.manager.queues.values()) if self.manager is not None else []
+        return list(self.served.queues.values()) if self.served is not None else []
 
     @property
     def statuses(self) -> dict[str, ModelStatus]:
-        return self.manager.statuses if self.manager is not None else {}
+        return self.served.statuses if self.served is not None else {}
 
     def _new_queue(
         self,
@@ -163,7 +165,7 @@ class Worker:
 
     def _changed(self) -> None:
         self._beat_now.set()
-        if frozenset(self.manager.queues if self.manager else ()) != self._listened:
+        if frozenset(self.served.queues if self.served else ()) != self._listened:
             self._models_changed.set()
 
     def _announce(self, pipe: Pipeline) -> None:
@@ -217,7 +219,7 @@ class Worker:
         """The pub/sub listener, subscribed again whenever the set of loaded models changes."""
         while True:
             self._models_changed.clear()
-            names = frozenset(self.manager.queues if self.manager is not None else ())
+            names = frozenset(self.served.queues if self.served is not None else ())
             self._listened = names
             listening = asyncio.create_task(
                 self._listen_for_cancellations(names)
@@ -247,7 +249,7 @@ class Worker:
                         if message["type"] != "message":
                             continue
                         name = by_channel.get(message["channel"])
-                        queue = self.manager.queues.get(name) if name and self.manager else None
+                        queue = self.served.queues.get(name) if name and self.served else None
                         if queue is not None:
                             queue.cancel(message["data"].decode())
                         elif name is None:  # a desired-state nudge: read it with a beat now
@@ -267,8 +269,8 @@ class Worker:
     def stop(self) -> None:
         log.info("worker %s stopping: finishing the batches in hand", self.id)
         self._stopped.set()
-        if self.manager is not None:
-            self.manager.stop()
+        if self.served is not None:
+            self.served.stop()
 
     def ready(self) -> bool:
         """Serving (some model loaded, or none needed: explicit and poll modes), Redis reached."""
@@ -303,9 +305,8 @@ class Worker:
             health = await serve_health(
                 self.config.health_host, self.config.health_port, self.ready
             )
-        manager = self.manager = ModelManager(
+        served = self.served = ServedModels(
             self.config.model_repository,
-            self.config.models,
             self.id,
             self.redis,
             self._new_queue,
@@ -313,8 +314,9 @@ class Worker:
             self._overrides_dir(),
             complete=complete_config,
         )
+        manager = self.manager = ModelManager(served, self.config.models)
         only, desired = await self._startup_models(manager)
-        manager.start(await asyncio.to_thread(manager.scan_at_start, only))
+        served.start(await asyncio.to_thread(served.scan_at_start, self.config.models, only))
         manager.follow(desired)
         settle_after_startup()
         on_stop_signals(self.drain, asyncio.get_running_loop(), self.stop)
@@ -326,10 +328,10 @@ class Worker:
         try:
             if not self.queues and self.config.model_control_mode == "none":
                 log.error("no model could be loaded; waiting for a signal")
-            ended: set[asyncio.Future[None]] = {stopped, manager.failed}
+            ended: set[asyncio.Future[None]] = {stopped, served.failed}
             await asyncio.wait(ended, return_when=asyncio.FIRST_COMPLETED)
-            if manager.failed.done():
-                manager.failed.result()  # a queue failed: exit with its error, as before
+            if served.failed.done():
+                served.failed.result()  # a queue failed: exit with its error, as before
             await manager.wait_stopped()
         finally:
             await stop_tasks([*helpers, stopped])
@@ -351,10 +353,10 @@ def _served(manager: ModelManager | None) -> list[tuple[str, dict[str, Any], lis
         return []
     served = [
         (name, queue.spec.config_json, sorted(queue.instances.by_version))
-        for name, queue in manager.queues.items()
+        for name, queue in manager.served.queues.items()
     ] + [
         (name, entry.spec.config_json, list(entry.versions))
-        for name, entry in manager.ensembles.items()
+        for name, entry in manager.served.ensembles.items()
         if entry.spec is not None
     ]
     return [s for s in served if manager.announces(s[0])]  # else a newer load applies here
