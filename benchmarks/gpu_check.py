@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 from backends import load_once, wait_ready  # noqa: E402
 from build_models import save_torchscript  # noqa: E402
 from compare_triton import EXAMPLES  # noqa: E402
+from gpu_answers import TOLERANCE, batch_path_errors, served_error  # noqa: E402
 from http_servers import running  # noqa: E402
 from sluice.shared import device_metrics as dm  # noqa: E402
 from sluice.shared.model_config import load_model_config  # noqa: E402
@@ -232,8 +233,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def served(repo: Path, models: list[str], gpus: GpuSampler | None) -> dict[str, dict[str, Any]]:
-    """Each model's figures at each level, served by sluice serve on an embedded Redis."""
+def served(
+    repo: Path, widths: dict[str, int], device: torch.device, gpus: GpuSampler | None
+) -> dict[str, dict[str, Any]]:
+    """Each model's figures at each level, served by sluice serve on an embedded Redis, and
+    whether one request's answer is the model's."""
+    models = list(widths)
     ports = [free_port() for _ in range(3)]
     rows: dict[str, dict[str, Any]] = {}
     with EmbeddedRedis() as redis_server:
@@ -244,6 +249,11 @@ def served(repo: Path, models: list[str], gpus: GpuSampler | None) -> dict[str, 
             url = f"127.0.0.1:{ports[0]}"
             wait_ready(url, models)
             for model in models:
+                error = unless_it_fails(
+                    served_error, url, model, repo / model, widths[model], device
+                )
+                rows[f"{model} answer"] = {"relative_error": error}
+                print(f"served {model} answer, relative to the model's: {error}", flush=True)
                 for level in LEVELS:
                     with Utilisation(gpus) as utilisation:
                         row = load_once(url, model, level)
@@ -257,15 +267,32 @@ def cell(value: object, fmt: str) -> str:
     return "n/a" if value is None else format(value, fmt)
 
 
+def answers(figures: dict[str, Any], model: str) -> str:
+    """`right` when every path answered as the model does, else which did not and by how much."""
+    paths = figures["answers"].get(model) or {}
+    errors = {
+        "worker path": paths.get("worker_path"),
+        "staged ahead": paths.get("staged_path"),
+        "served": figures["served"].get(f"{model} answer", {}).get("relative_error"),
+    }
+    wrong = [
+        f"{path} {'failed' if error is None else format(error, '.1e')}"
+        for path, error in errors.items()
+        if error is None or error > TOLERANCE
+    ]
+    return "WRONG: " + ", ".join(wrong) if wrong else "right"
+
+
 def table(figures: dict[str, Any]) -> str:
     lines = [
-        "| model | alone b=64 rows/s | worker path b=64 rows/s | staged ahead b=64 rows/s "
-        "| c=1 infer/s | c=1 p50 ms | c=1 GPU util | c=64 infer/s | c=64 p50 ms "
-        "| c=64 mean batch | c=64 GPU util |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | answers | alone b=64 rows/s | worker path b=64 rows/s "
+        "| staged ahead b=64 rows/s | c=1 infer/s | c=1 p50 ms | c=1 GPU util | c=64 infer/s "
+        "| c=64 p50 ms | c=64 mean batch | c=64 GPU util |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for model, row in figures["models"].items():
-        cells = [model, *(cell(row[k], ",.0f") for k in ("alone", "worker_path", "staged_path"))]
+        cells = [model, answers(figures, model)]
+        cells += [cell(row[k], ",.0f") for k in ("alone", "worker_path", "staged_path")]
         for level in LEVELS:
             run = figures["served"].get(f"{model} c={level}", {})
             if "error" in run or not run:
@@ -300,8 +327,12 @@ def main() -> None:
             "torch": torch.__version__,
             "wide": asdict(wide),
             "models": {},
+            "answers": {},
         }
         for model, width in widths.items():
+            errors = unless_it_fails(batch_path_errors, repo / model, width, BATCH, device)
+            figures["answers"][model] = errors
+            print(f"{model} answers, relative to the model's: {errors}", flush=True)
             figures["models"][model] = {
                 "alone": alone(repo / model, width, device, seconds),
                 "worker_path": worker_path(repo / model, width, device, seconds),
@@ -312,7 +343,7 @@ def main() -> None:
             torch.cuda.empty_cache()  # the served instances load in a process of their own
         gpus = open_nvml(cuda_gpu_uuids())
         try:
-            figures["served"] = served(repo, list(widths), gpus)
+            figures["served"] = served(repo, widths, device, gpus)
         finally:
             if gpus is not None:
                 gpus.close()
