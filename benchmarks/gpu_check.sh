@@ -9,30 +9,33 @@
 #
 # The venv (SLUICE_GPU_CHECK_VENV, default .venv-gpu; .venv for a dry run) gets
 # `pip install -e ".[all,gpu]"` once, when it is made: torch is the pinned release from the
-# machine's index (the CUDA build on a Linux GPU machine's PyPI). A machine without network
-# whose python3 already has a CUDA torch: set SLUICE_GPU_CHECK_WHEELS to a folder holding
-# wheels of the packages it lacks; they and sluice are installed without their dependencies
-# (so torch is the machine's) into a folder put on PYTHONPATH.
+# machine's index (the CUDA build on a Linux GPU machine's PyPI). On a machine that reaches no
+# index but whose python3 has a CUDA torch (the lent GPU machine), set SLUICE_GPU_CHECK_WHEELS
+# to a folder of wheels of the packages it lacks (benchmarks/gpu_wheels.sh makes it): the venv
+# then sees python3's own packages (torch among them) after its own, gets those wheels without
+# their dependencies, and sluice installed editable from them, as in the tests' venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$SECONDS
-if [ -n "${SLUICE_GPU_CHECK_WHEELS:-}" ]; then
-  site="${TMPDIR:-/tmp}/sluice-gpu-check-site"
-  python3 -m pip install -q --no-index --no-deps --target "$site" "$SLUICE_GPU_CHECK_WHEELS"/*.whl
-  python3 -m pip install -q --no-index --no-deps --no-build-isolation --target "$site" .
-  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
-  python=python3
-else
-  default=.venv-gpu
-  [[ " $* " == *" --cpu-dry-run "* ]] && default=.venv
-  venv="${SLUICE_GPU_CHECK_VENV:-$default}"
-  if [ ! -x "$venv/bin/python" ]; then
+default=.venv-gpu
+[[ " $* " == *" --cpu-dry-run "* ]] && [ -z "${SLUICE_GPU_CHECK_WHEELS:-}" ] && default=.venv
+venv="${SLUICE_GPU_CHECK_VENV:-$default}"
+if [ ! -x "$venv/bin/python" ]; then
+  if [ -n "${SLUICE_GPU_CHECK_WHEELS:-}" ]; then
+    # no pip of its own (a system Python may lack ensurepip): python3's pip installs into it
+    python3 -m venv --without-pip "$venv"
+    purelib=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    python3 -c 'import site; print("\n".join(site.getsitepackages()))' > "$purelib/_machine.pth"
+    pip=(python3 -m pip --python "$venv/bin/python" install -q --no-index --no-deps)
+    "${pip[@]}" "$SLUICE_GPU_CHECK_WHEELS"/*.whl
+    "${pip[@]}" --no-build-isolation -e .
+  else
     python3 -m venv "$venv"
     "$venv/bin/python" -m pip install -q --upgrade pip
     "$venv/bin/python" -m pip install -q -e ".[all,gpu]"
   fi
-  python="$venv/bin/python"
 fi
+python="$venv/bin/python"
 "$python" examples/build_models.py --models mlp
 # the check takes about 2 minutes on a GPU; whatever the set-up took, the script ends in 10
 left=$((570 - (SECONDS - started)))
