@@ -31,8 +31,20 @@ def test_the_dry_run_measures_every_path_and_checks_every_answer(tmp_path: Path)
 
 def test_the_verdict_names_each_path_that_answers_otherwise() -> None:
     figures = {
+        "device": "cpu",
         "answers": {"mlp": {"worker_path": 0.0, "staged_path": 0.25}, "wide": None},
         "served": {"mlp answer": {"relative_error": 3e-7}, "wide answer": {"relative_error": 0}},
     }
     assert answers(figures, "mlp") == "WRONG: staged ahead 2.5e-01"
     assert answers(figures, "wide") == "WRONG: worker path failed, staged ahead failed"
+
+
+def test_on_a_gpu_a_staged_path_that_staged_nothing_is_said_to_check_nothing() -> None:
+    paths = {"worker_path": 0.0, "staged_path": 0.0}
+    figures = {
+        "device": "NVIDIA H200",
+        "answers": {"used": {**paths, "staged_batches_used": 3}, "unused": paths},
+        "served": {"used answer": {"relative_error": 0}, "unused answer": {"relative_error": 0}},
+    }
+    assert answers(figures, "used") == "right"
+    assert answers(figures, "unused").startswith("right (staged inputs not used")
