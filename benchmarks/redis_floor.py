@@ -23,12 +23,14 @@ Two batches are in flight, as at c=64 with sluice's batch of about 31. Two ways 
 Both run at sluice's measured batch size and batch rate; two events also with 64 B a request
 in place of 2 KiB (the events without the bytes), unpaced (as fast as it goes), and unpaced
 with batches of 64 (the coalesced pattern of the Redis cost figures sluice's design started
-from).
+from). Then two events at sluice's pace with several gateway and worker pairs on the one
+model's stream (`--pairs`, each worker paced as the one before, each gateway reading its own
+reply stream): what a batch costs a Redis that more of a fleet keeps busy.
 
 It prints Redis CPU (`INFO cpu`, less the idle rate) per inference and per batch and the
 times redis-server slept per batch, for each.
 
-    python benchmarks/redis_floor.py [--window-s 3] [--rounds 3]
+    python benchmarks/redis_floor.py [--window-s 3] [--rounds 3] [--pairs 2,4,8]
 """
 
 from __future__ import annotations
@@ -54,7 +56,6 @@ from scale_workers import snapshot
 from sluice.embedded_redis import EmbeddedRedis, redis_server_binary
 
 REQUESTS = "floor:{m}:requests"
-REPLIES = "floor:{gw}:replies"
 GROUP = "workers"
 PAYLOAD = 2048
 #: what a request's msgpack header takes in sluice's entry (id, version, time, route, spec).
@@ -75,6 +76,8 @@ class Pattern:
     batch: int = 0
     #: tensor bytes per request, in and out
     payload: int = PAYLOAD
+    #: gateway and worker pairs, all on the one request stream
+    pairs: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,31 +90,36 @@ class Figure:
     sleeps_per_batch: float
 
 
-def gateway(url: str, pattern: Pattern, batch: int, stop: Synchronized[int]) -> None:
+def reply_stream(gateway: int | bytes) -> str:
+    """A gateway's reply stream (its number, as the request entries carry it)."""
+    return f"floor:{{gw{int(gateway)}}}:replies"
+
+
+def gateway(url: str, pattern: Pattern, batch: int, stop: Synchronized[int], index: int) -> None:
     """Two batches in flight; each reply entry is answered with a new batch's entry."""
     sends, reads = redis.Redis.from_url(url), redis.Redis.from_url(url)
-    entry = ("XADD", REQUESTS, "*", b"h", os.urandom(HEADER_PER_REQUEST * batch))
+    entry = ("XADD", REQUESTS, "*", b"g", index, b"h", os.urandom(HEADER_PER_REQUEST * batch))
     entry += (b"d", os.urandom(pattern.payload * batch))
     for _ in range(2):
         sends.execute_command(*entry)
     connection = reads.connection_pool.get_connection()
     last: bytes | str = "0-0"
-    connection.send_command(*_reply_read(last))
+    connection.send_command(*_reply_read(index, last))
     reply = connection.read_response()
     while not stop.value:
         if not reply:
-            connection.send_command(*_reply_read(last))
+            connection.send_command(*_reply_read(index, last))
             reply = connection.read_response()
             continue
         entries = _entries(reply)
         last = entries[-1][0]
         if pattern.joined:  # the clients' next requests, then the next read, in one write
             time.sleep(CLIENT_GAP_S)
-            commands = [entry] * len(entries) + [_reply_read(last)]
+            commands = [entry] * len(entries) + [_reply_read(index, last)]
             connection.send_packed_command(connection.pack_commands(commands))
             reply = [connection.read_response() for _ in commands][-1]
         else:  # the next read at once, the clients' next requests as they come
-            connection.send_command(*_reply_read(last))
+            connection.send_command(*_reply_read(index, last))
             time.sleep(CLIENT_GAP_S)
             for _ in entries:
                 sends.execute_command(*entry)
@@ -124,17 +132,22 @@ def _entries(reply: object) -> list[list[object]]:
     return entries  # type: ignore[no-any-return]
 
 
-def _reply_read(last: bytes | str) -> tuple[object, ...]:
-    return ("XREAD", "COUNT", 16, "BLOCK", BLOCK_MS, "STREAMS", REPLIES, last)
+def _reply_read(gateway: int, last: bytes | str) -> tuple[object, ...]:
+    return ("XREAD", "COUNT", 16, "BLOCK", BLOCK_MS, "STREAMS", reply_stream(gateway), last)
 
 
 def worker(
-    url: str, pattern: Pattern, batch: int, done: Synchronized[int], stop: Synchronized[int]
+    url: str,
+    pattern: Pattern,
+    batch: int,
+    done: Synchronized[int],
+    stop: Synchronized[int],
+    index: int,
 ) -> None:
     """Read, hold for the model's time, answer; the next read alone or with the answer."""
     client = redis.Redis.from_url(url)
     answer = (b"h", os.urandom(40 * batch), b"d", os.urandom(pattern.payload * batch))
-    read = ("XREADGROUP", "GROUP", GROUP, "w", "COUNT", 1, "BLOCK", BLOCK_MS)  # an entry, a batch
+    read = ("XREADGROUP", "GROUP", GROUP, f"w{index}", "COUNT", 1, "BLOCK", BLOCK_MS)  # a batch
     read += ("STREAMS", REQUESTS, ">")
     connection = client.connection_pool.get_connection()
     tick = time.monotonic()
@@ -145,12 +158,16 @@ def worker(
             connection.send_command(*read)
             entries = connection.read_response()
             continue
-        ids = [entry_id for entry_id, _ in _entries(entries)]
+        read_entries = _entries(entries)
+        ids = [entry_id for entry_id, _ in read_entries]
         if pattern.rate:  # the model's time: batches at the measured rate
             tick = max(tick + 1 / pattern.rate, time.monotonic() - 1 / pattern.rate)
             time.sleep(max(0.0, tick - time.monotonic()))
         commands: list[tuple[object, ...]] = [
-            ("XADD", REPLIES, "MAXLEN", "~", 1000, "*", *answer),
+            ("XADD", reply_stream(fields[1]), "MAXLEN", "~", 1000, "*", *answer)
+            for _, fields in read_entries  # fields: b"g", the gateway, then the rest
+        ]
+        commands += [
             ("XACK", REQUESTS, GROUP, *ids),
             ("XDEL", REQUESTS, *ids),
         ]
@@ -174,13 +191,18 @@ def run_pattern(pattern: Pattern, batch: int, window_s: float) -> Figure:
         idle_cpu, idle_sleeps = idle_rates(client, server)
         context = multiprocessing.get_context("spawn")
         done, stop = context.Value("q", 0), context.Value("b", 0)
-        processes = [
-            context.Process(target=worker, args=(server.url, pattern, batch, done, stop)),
-            context.Process(target=gateway, args=(server.url, pattern, batch, stop)),
-        ]
+        processes = []
+        for index in range(pattern.pairs):
+            args = (server.url, pattern, batch, done, stop, index)
+            processes.append(context.Process(target=worker, args=args))
+            args = (server.url, pattern, batch, stop, index)
+            processes.append(context.Process(target=gateway, args=args))
         for process in processes:
             process.start()
-        while not done.value:  # both started (spawned processes import torch first)
+        while not done.value:  # all started (spawned processes import torch first)
+            if not all(process.is_alive() for process in processes):
+                stop.value = 1
+                raise RuntimeError(f"{pattern.label}: a gateway or worker died at its start")
             time.sleep(0.05)
         time.sleep(WARMUP_S)
         snap0, sleeps0, done0 = snapshot(client), sleeps_so_far(server), done.value
@@ -237,6 +259,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--window-s", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (median)")
+    parser.add_argument(
+        "--pairs", default="2,4,8", help="gateway and worker pairs at sluice's pace (comma list)"
+    )
     args = parser.parse_args()
     measured: dict[str, list[Figure]] = {}
     for _ in range(args.rounds):
@@ -250,6 +275,12 @@ def main() -> None:
             ),
             Pattern("bare wire, two events a batch, unpaced", True, 0.0),
             Pattern("bare wire, two events a batch of 64, unpaced", True, 0.0, batch=64),
+            *(
+                Pattern(
+                    f"bare wire, two events a batch, sluice's pace, {n} pairs", True, rate, pairs=n
+                )
+                for n in (int(n) for n in args.pairs.split(",") if n)
+            ),
         ]
         figures = [
             reference,
