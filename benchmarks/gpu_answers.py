@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from sluice.shared.errors import SluiceError
-from sluice.shared.model_config import load_model_config
+from sluice.shared.model_config import ModelSpec, load_model_config
 from sluice.shared.protocol import Request, Tensor
 from sluice.workers.backends import Infer, load_instance
 from sluice.workers.cuda_staging import CudaStaging, Staged
@@ -40,12 +40,10 @@ def batch_path_errors(
     model_dir: Path, width: int, batch: int, device: torch.device
 ) -> dict[str, float]:
     """The worker path's and the staged path's difference from the model, BATCHES batches each."""
-    spec = load_model_config(model_dir)
-    infer = load_instance(spec, model_dir, 1, device, 0)
-    staging = CudaStaging(device) if device.type == "cuda" else None
+    spec, infer, staging = instance(model_dir, device)
     generator = torch.Generator().manual_seed(1)
     rows = [torch.randn(batch, width, generator=generator) for _ in range(BATCHES)]
-    batches = [_requests(b, r) for b, r in enumerate(rows)]
+    batches = [one_row_requests(f"b{b}", r) for b, r in enumerate(rows)]
     sizes = [1] * batch
 
     def run(requests: Sequence[Request], staged: Staged | None = None) -> Sequence[object]:
@@ -104,10 +102,18 @@ def forward(infer: Infer, rows: torch.Tensor, device: torch.device) -> np.ndarra
     return outputs["OUTPUT__0"].cpu().numpy()
 
 
-def _requests(batch: int, rows: torch.Tensor) -> list[Request]:
+def instance(model_dir: Path, device: torch.device) -> tuple[ModelSpec, Infer, CudaStaging | None]:
+    """The model's spec, one loaded instance on `device`, and its staging on a GPU."""
+    spec = load_model_config(model_dir)
+    infer = load_instance(spec, model_dir, 1, device, 0)
+    return spec, infer, CudaStaging(device) if device.type == "cuda" else None
+
+
+def one_row_requests(prefix: str, rows: torch.Tensor) -> list[Request]:
+    """A request per row of `rows`, ids `prefix` + its row."""
     return [
         Request(
-            f"b{batch}r{i}",
+            f"{prefix}r{i}",
             1,
             0,
             "check",

@@ -43,13 +43,19 @@ sys.path.insert(0, str(ROOT / "examples"))
 from backends import load_once, wait_ready  # noqa: E402
 from build_models import save_torchscript  # noqa: E402
 from compare_triton import EXAMPLES  # noqa: E402
-from gpu_answers import BATCHES, TOLERANCE, batch_path_errors, served_error  # noqa: E402
+from gpu_answers import (  # noqa: E402
+    BATCHES,
+    TOLERANCE,
+    batch_path_errors,
+    instance,
+    one_row_requests,
+    served_error,
+)
 from http_servers import running  # noqa: E402
 from sluice.shared import device_metrics as dm  # noqa: E402
 from sluice.shared.model_config import load_model_config  # noqa: E402
-from sluice.shared.protocol import Request, Tensor  # noqa: E402
 from sluice.workers.backends import load_instance  # noqa: E402
-from sluice.workers.cuda_staging import CudaStaging, Staged  # noqa: E402
+from sluice.workers.cuda_staging import Staged  # noqa: E402
 from sluice.workers.device_sampler import GpuSampler, cuda_gpu_uuids, open_nvml  # noqa: E402
 from sluice.workers.execution import run_batch  # noqa: E402
 from sluice.workers.stage_ahead import StageAhead  # noqa: E402
@@ -140,15 +146,8 @@ def alone(model_dir: Path, width: int, device: torch.device, seconds: float) -> 
 
 def _batch_path(model_dir: Path, width: int, device: torch.device) -> tuple[Any, ...]:
     """The model's spec, one loaded instance, its staging and 64 one-row requests."""
-    spec = load_model_config(model_dir)
-    infer = load_instance(spec, model_dir, 1, device, 0)
-    staging = CudaStaging(device) if device.type == "cuda" else None
-    row = torch.randn(1, width).numpy().tobytes()
-    requests = [
-        Request(f"r{i}", 1, 0, "check", [Tensor("INPUT__0", "FP32", (1, width), row)])
-        for i in range(BATCH)
-    ]
-    return spec, infer, staging, requests
+    spec, infer, staging = instance(model_dir, device)
+    return spec, infer, staging, one_row_requests("", torch.randn(1, width).expand(BATCH, -1))
 
 
 def worker_path(model_dir: Path, width: int, device: torch.device, seconds: float) -> float:
