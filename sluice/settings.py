@@ -201,6 +201,13 @@ class BatchingOptions(ProcessSettings, IdlePolling, ModelControl):
         "max_queue_delay_microseconds out as Triton does; 'adaptive' sends a partial batch at "
         "once while the model's requests arrive further apart than its delay.",
     )
+    early_run: bool = option(
+        True,
+        flag="--early-run/--no-early-run",
+        help="While no request joins a model's partial batches as they wait, run the lone "
+        "batch the delay will release as it runs out, answering it only once that batch is "
+        "formed (batches are as Triton's; a request joining meanwhile drops the run).",
+    )
     metrics_interval_ms: int = option(
         2000,
         help="How often workers sample their host's CPU and memory and their GPUs (NVML) for the "
@@ -260,6 +267,7 @@ class WorkerSettings(BatchingOptions):
             idle_poll_us=self.idle_poll_us,
             metrics_interval_ms=self.metrics_interval_ms,
             batch_delay=self.batch_delay,
+            early_run=self.early_run,
             drain_timeout_s=self.drain_timeout_s,
             model_control_mode=self.model_control_mode,
             load_models=self.load_model,

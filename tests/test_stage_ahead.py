@@ -10,19 +10,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
-from sluice.shared.model_config import ModelSpec, load_model_config
-from sluice.shared.protocol import Request, Tensor
+from sluice.shared.model_config import ModelSpec
+from sluice.shared.protocol import Tensor
 from sluice.workers.batch_loop import BatchLoop
-from sluice.workers.batcher import BatchRules, Pending, Send
+from sluice.workers.batcher import BatchRules, Send
+from sluice.workers.early_run import EarlyRuns
 from sluice.workers.instances import Instances
-from sluice.workers.pending import Queued
 from sluice.workers.queue_state import QueueState
 from sluice.workers.stage_ahead import StageAhead
 
-from tests.streams import int_model_config, int_request
+from tests.batch_loop_harness import Launches, add_model, queued, values
+from tests.streams import int_request
 
 MS = 1_000_000
 RULES = BatchRules(
@@ -34,23 +34,7 @@ WAIT_S = 60.0
 
 @pytest.fixture
 def spec(tmp_path: Path) -> ModelSpec:
-    (tmp_path / "add").mkdir()
-    (tmp_path / "add" / "config.pbtxt").write_text(
-        int_model_config("add").replace('backend: "python"', 'platform: "pytorch_libtorch"')
-    )
-    return load_model_config(tmp_path / "add")
-
-
-def queued(state: QueueState, request: Request, at_ns: int) -> Queued:
-    item = Queued(request, "s", b"1-0", Pending(1, 1, at_ns), seq=at_ns)
-    state.arrived(at_ns)
-    state.queued(item)
-    state.requests_read()
-    return item
-
-
-def values(outputs: Any) -> list[int]:
-    return [int(np.frombuffer(tensors[0].data, np.int64)[0]) for tensors in outputs]
+    return add_model(tmp_path)
 
 
 def test_staged_inputs_are_those_the_lane_would_stack(spec: ModelSpec) -> None:
@@ -172,36 +156,6 @@ def test_a_cpu_model_stages_nothing_by_default(spec: ModelSpec) -> None:
     instances.shutdown()
 
 
-class Launches:
-    """The part of Answering the batch loop calls: each launch runs on the instances and its
-    answers are kept; nothing is published."""
-
-    def __init__(self, state: QueueState, instances: Instances) -> None:
-        self.state, self.instances = state, instances
-        self.answers: list[list[int]] = []
-        self.answered = asyncio.Event()
-        self._runs: set[asyncio.Future[None]] = set()
-
-    async def expire(self, expired: list[Any]) -> None:
-        assert not expired
-
-    def start(self, launch: Any) -> None:
-        requests = [q.request for q in launch.batch]
-        running = self.instances.start(launch.lane, requests, [1] * len(requests), launch.inline)
-        task = asyncio.ensure_future(self._answer(launch, running))
-        self._runs.add(task)
-        task.add_done_callback(self._runs.discard)
-
-    async def _answer(self, launch: Any, running: Any) -> None:
-        outputs, _ = await running
-        self.answers.append(values(outputs))
-        self.answered.set()
-        if launch.inline:
-            self.state.inline_answered(launch.lane)
-        else:
-            self.state.batch_finished(launch.lane)
-
-
 def test_the_batch_loop_stages_the_full_batch_while_its_lane_is_busy(spec: ModelSpec) -> None:
     async def run() -> None:
         called = threading.Event()
@@ -218,7 +172,8 @@ def test_the_batch_loop_stages_the_full_batch_while_its_lane_is_busy(spec: Model
         ahead.stage = staging  # type: ignore[method-assign]
         state = QueueState(RULES, 1, 1)
         launches = Launches(state, instances)
-        loop = asyncio.create_task(BatchLoop(state, instances, None, launches).run())  # type: ignore[arg-type]
+        early = EarlyRuns(state, instances, enabled=False)
+        loop = asyncio.create_task(BatchLoop(state, instances, None, launches, early).run())  # type: ignore[arg-type]
         queued(state, int_request(0, "reply"), 0)  # runs alone, held by the gate
         assert await asyncio.to_thread(called.wait, WAIT_S)
         for i in range(1, 5):

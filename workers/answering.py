@@ -17,6 +17,7 @@ from sluice.shared.errors import SluiceError, error_from_code
 from sluice.shared.idle_poll import IdlePoll
 from sluice.shared.protocol import Request, Result
 from sluice.shared.stats import BatchStats, failure_increments
+from sluice.workers.early_run import Early
 from sluice.workers.execution import BatchOutputs
 from sluice.workers.instances import Instances
 from sluice.workers.pending import Queued
@@ -85,15 +86,19 @@ class Answering:
                 self.responses.end(item.request, error_from_code(*result.error))
         return [], []
 
-    def start(self, launch: Launch) -> None:
+    def start(self, launch: Launch, early: Early | None = None) -> None:
         """Start the batch on its lane's thread within the batch loop's turn (or run it right
-        here when `launch.inline`), and answer it on a task of its own."""
-        started = time.time_ns()
+        here when `launch.inline`), and answer it on a task of its own. A batch that ran
+        `early` is answered by that run instead."""
         requests = [q.request for q in launch.batch]
         sizes = [q.pending.batch_size for q in launch.batch]
         if self.responses is not None:
             self.responses.open(launch.batch)
-        running = self.instances.start(launch.lane, requests, sizes, here=launch.inline)
+        if early is not None:
+            started, running = early.started_ns, early.running
+        else:
+            started = time.time_ns()
+            running = self.instances.start(launch.lane, requests, sizes, here=launch.inline)
         self.spawn(self._answer(launch, requests, sizes, started, running))
 
     async def _answer(

@@ -3,7 +3,9 @@
 The decision is `QueueState.decide` (the pure `next_batch`, after Triton's GetDynamicBatch);
 this loop does the waiting: exactly as long as it says, or until the next request times out,
 or until a request arrives or a lane frees. While every lane is busy, it has the inputs of a full
-next batch made ahead (`sluice.workers.stage_ahead`, on a GPU), which changes no batch.
+next batch made ahead (`sluice.workers.stage_ahead`, on a GPU); while no request joins the
+batches that wait, a lone batch runs as its delay runs out (`sluice.workers.early_run`). Neither
+changes a batch.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import time
 
 from sluice.workers.answering import Answering
 from sluice.workers.batcher import Send
+from sluice.workers.early_run import EarlyRuns
 from sluice.workers.instances import Instances
 from sluice.workers.queue_state import QueueState
 from sluice.workers.reader import StreamReader
@@ -28,11 +31,13 @@ class BatchLoop:
         instances: Instances,
         reader: StreamReader,
         answering: Answering,
+        early: EarlyRuns,
     ) -> None:
         self.state = state
         self.instances = instances
         self.reader = reader
         self.answering = answering
+        self.early = early
 
     async def run(self) -> None:
         state = self.state
@@ -53,8 +58,9 @@ class BatchLoop:
             decision = state.decide(now)
             if isinstance(decision, Send):
                 launch = state.batch_launched(decision.indices, self.instances.last_run_ns)
-                self.answering.start(launch)
+                self.answering.start(launch, self.early.claim(launch.batch))
                 continue
+            self.early.waiting()
             state.wake.clear()
             with contextlib.suppress(TimeoutError):
                 wait_s = decision.ns / 1e9 if decision.ns else None

@@ -25,6 +25,7 @@ from sluice.workers.answering import Answering
 from sluice.workers.backends import Infer
 from sluice.workers.batch_loop import BatchLoop
 from sluice.workers.batcher import BatchRules
+from sluice.workers.early_run import EarlyRuns
 from sluice.workers.generation import GenerativeInstance
 from sluice.workers.inflight_loop import InflightLoop
 from sluice.workers.instances import Instances
@@ -64,6 +65,7 @@ class ModelQueue:
         recovery: RecoveryPolicy | None = None,
         idle_poll_us: int = DEFAULT_WINDOW_US,
         default_delay_mode: str = "fixed",
+        early_run: bool = True,
     ) -> None:
         self.spec = spec
         #: this queue's name in the streams' consumer group.
@@ -103,10 +105,16 @@ class ModelQueue:
         self.reading = StreamReader(
             spec.name, redis, reader, consumer, block_ms, self.state, self.admission, self.answering
         )
+        #: lone batches run as their delay runs out, where a run has no effects of its own.
+        self.early = EarlyRuns(
+            self.state,
+            self.instances,
+            early_run and not self.instances.answers_each and self.responses is None,
+        )
         self.batching: BatchLoop | InflightLoop = (
             InflightLoop(spec, self.state, self.instances, self.answering, self.responses)
             if generative and self.responses is not None
-            else BatchLoop(self.state, self.instances, self.reading, self.answering)
+            else BatchLoop(self.state, self.instances, self.reading, self.answering, self.early)
         )
         recovery = recovery or RecoveryPolicy()
         recoveries = [Recovery(redis, spec.name, s, consumer, recovery) for s in streams]
@@ -153,5 +161,6 @@ class ModelQueue:
                 await self.responses.wait_closed()
             self.idle_poll.stop()
             self.instances.shutdown()
+            self.early.report(self.spec.name)
             await self.reading.close()
             await self.answering.publisher.close()

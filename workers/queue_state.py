@@ -181,6 +181,25 @@ class QueueState:
         batch = [self.pending.items[i] for i in decision.indices]
         return batch if sum(q.pending.batch_size for q in batch) >= self.capacity else []
 
+    def batch_when_due(self) -> list[Queued]:
+        """The batch `decide` will launch once the first request's delay is out, if no
+        request joins or leaves meanwhile; nothing is taken."""
+        if not self.pending:
+            return []
+        pendings = self.pending.pendings()
+        due_ns = pendings[0].start_ns + self.rules.max_queue_delay_ns
+        decision = next_batch(pendings, due_ns, self.rules)
+        if not isinstance(decision, Send):
+            return []
+        return [self.pending.items[i] for i in decision.indices]
+
+    def lane_lent(self) -> int:
+        """A free lane runs a batch not yet formed (`workers/early_run.py`); it comes back
+        through `batch_finished`."""
+        lane = self.free_lanes.pop()
+        self._settle()
+        return lane
+
     def batch_launched(self, indices: tuple[int, ...], last_run_ns: int | None) -> Launch:
         """Take the batch for a free lane; it runs on the loop's thread when nothing else
         could use the loop meanwhile (`runs_inline`), and then nothing is read until it is

@@ -75,6 +75,9 @@ class WorkerConfig:
     metrics_interval_ms: int = 2000
     #: BATCH_DELAY of models that set none: "fixed" (Triton's wait) or "adaptive".
     batch_delay: str = "fixed"
+    #: run a lone batch while its delay runs out, answering it once the batch is formed
+    #: (`workers/early_run.py`).
+    early_run: bool = True
     #: seconds to finish the batches in hand after a stop signal before exiting regardless.
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
     #: Triton's --model-control-mode: "none", "poll" or "explicit".
@@ -158,6 +161,7 @@ class Worker:
             self.config.recovery,
             self.config.idle_poll_us,
             self.config.batch_delay,
+            self.config.early_run,
         )
         if self._stopped.is_set():  # loaded while stopping: it only finishes
             queue.stop()

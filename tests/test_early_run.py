@@ -1,0 +1,164 @@
+"""A lone batch run while its delay runs out: it answers its batch only if the batcher, once
+the delay is out, takes exactly those requests; otherwise it is dropped and the batch runs as
+usual. Batches are never formed differently."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from sluice.shared.model_config import ModelSpec
+from sluice.workers.batch_loop import BatchLoop
+from sluice.workers.batcher import BatchRules, Send
+from sluice.workers.early_run import EarlyRuns
+from sluice.workers.instances import Instances
+from sluice.workers.queue_state import QueueState
+
+from tests.batch_loop_harness import Launches, add_model, queued
+from tests.streams import int_request
+
+MS = 1_000_000
+DELAY_NS = 50 * MS
+RULES = BatchRules(
+    max_batch_size=4, dynamic=True, max_queue_delay_ns=DELAY_NS, preferred_batch_sizes=frozenset()
+)
+#: long enough that only a missing release lets a gated run go on.
+WAIT_S = 60.0
+
+
+@pytest.fixture
+def spec(tmp_path: Path) -> ModelSpec:
+    return add_model(tmp_path)
+
+
+class Gated:
+    """One lane whose runs each wait for a release; every run's rows are kept."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        self.called = threading.Semaphore(0)
+        self.release = threading.Semaphore(0)
+        self.seen: list[list[int]] = []
+        self.instances = Instances(spec, {1: [self._infer]}, torch.device("cpu"))
+        self.instances.last_run_ns = MS  # a run takes about a millisecond
+
+    def _infer(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        self.seen.append(inputs["IN"].reshape(-1).tolist())
+        self.called.release()
+        assert self.release.acquire(timeout=WAIT_S)
+        return {"OUT": inputs["IN"] + 1}
+
+    async def next_call(self) -> None:
+        assert await asyncio.to_thread(self.called.acquire, True, WAIT_S)
+
+
+def test_the_batch_the_delay_releases_is_the_one_decide_takes_then() -> None:
+    state = QueueState(RULES, 1, 1)
+    assert state.batch_when_due() == []
+    for i in range(5):
+        queued(state, int_request(i, "reply"), i)
+    assert [q.request.id for q in state.batch_when_due()] == ["r0", "r1", "r2", "r3"]
+    assert len(state.pending) == 5  # nothing taken
+
+
+def _waits(early: EarlyRuns, state: QueueState, joined: bool) -> None:
+    """One partial batch waits (r0 alone) and is formed, with r1 joining it or not."""
+    queued(state, int_request(0, "reply"), 0)
+    early.waiting()
+    if joined:
+        queued(state, int_request(1, "reply"), 1)
+    decision = state.decide(now_ns=DELAY_NS)
+    assert isinstance(decision, Send)
+    early.claim(state.batch_launched(decision.indices, MS).batch)
+    state.batch_finished(0)
+
+
+def test_early_runs_start_only_after_waits_that_no_request_joined(spec: ModelSpec) -> None:
+    gated = Gated(spec)
+    state = QueueState(RULES, 1, 1)
+    early = EarlyRuns(state, gated.instances, enabled=True)
+    for _ in range(EarlyRuns.QUIET_WAITS):
+        assert not early.worth_starting()
+        _waits(early, state, joined=False)
+    assert early.worth_starting()
+    gated.instances.last_run_ns = None  # this once nothing is run early, but it is watched
+    _waits(early, state, joined=True)
+    gated.instances.last_run_ns = MS
+    assert not early.worth_starting()
+    for _ in range(EarlyRuns.QUIET_WAITS - 1):
+        _waits(early, state, joined=False)
+    assert not early.worth_starting()  # after a join, as many quiet waits again
+    _waits(early, state, joined=False)
+    assert early.worth_starting()
+    assert not EarlyRuns(state, gated.instances, enabled=False).worth_starting()
+    gated.instances.last_run_ns = None  # the model's runs are not timed (a Python model)
+    assert not early.worth_starting()
+    assert gated.seen == []  # nothing was run early meanwhile
+    gated.instances.shutdown()
+
+
+def _served(spec: ModelSpec, then: Any, joining: int) -> tuple[Launches, EarlyRuns, Gated]:
+    """r0 arrives alone after waits that none joined, and its run starts at once; `then(state,
+    gated)` runs while that run is held, and the loop answers until r0 and the `joining`
+    requests are."""
+
+    async def run() -> tuple[Launches, EarlyRuns, Gated]:
+        gated = Gated(spec)
+        state = QueueState(RULES, 1, 1)
+        launches = Launches(state, gated.instances)
+        early = EarlyRuns(state, gated.instances, enabled=True)
+        early.quiet = EarlyRuns.QUIET_WAITS  # no request joined the waits before
+        loop = asyncio.create_task(BatchLoop(state, gated.instances, None, launches, early).run())  # type: ignore[arg-type]
+        queued(state, int_request(0, "reply"), time.time_ns())
+        await gated.next_call()
+        assert launches.answers == [] and len(state.pending) == 1  # run, but not yet a batch
+        await then(state, gated)
+        gated.release.release()
+        while sum(map(len, launches.answers)) < 1 + joining:
+            launches.answered.clear()
+            await launches.answered.wait()
+        state.stop_requested()
+        await loop
+        gated.instances.shutdown()
+        return launches, early, gated
+
+    return asyncio.run(run())
+
+
+def test_a_lone_request_is_answered_by_the_run_made_while_its_delay_ran_out(
+    spec: ModelSpec,
+) -> None:
+    async def nothing(state: QueueState, gated: Gated) -> None:
+        return None
+
+    launches, early, gated = _served(spec, nothing, joining=0)
+    assert launches.answers == [[1]] and launches.early == [True]
+    assert gated.seen == [[0]]  # one run only
+    assert (early.used, early.dropped) == (1, 0)
+
+
+def test_a_request_joining_during_the_delay_drops_the_early_run(spec: ModelSpec) -> None:
+    async def another_joins(state: QueueState, gated: Gated) -> None:
+        queued(state, int_request(1, "reply"), time.time_ns())
+        gated.release.release()  # the batch r0 + r1 runs after the early run
+
+    launches, early, gated = _served(spec, another_joins, joining=1)
+    assert launches.answers == [[1, 2]] and launches.early == [False]
+    assert gated.seen == [[0], [0, 1]]
+    assert (early.used, early.dropped) == (0, 1)
+
+
+def test_a_request_leaving_during_the_delay_drops_the_early_run(spec: ModelSpec) -> None:
+    async def it_leaves_and_another_comes(state: QueueState, gated: Gated) -> None:
+        assert state.request_cancelled("r0") is not None
+        queued(state, int_request(1, "reply"), time.time_ns())
+        gated.release.release()
+
+    launches, early, gated = _served(spec, it_leaves_and_another_comes, joining=0)
+    assert launches.answers == [[2]] and launches.early == [False]
+    assert gated.seen == [[0], [1]]
+    assert (early.used, early.dropped) == (0, 1)
