@@ -1,14 +1,16 @@
-"""sluice's adaptive batching delay against Triton's fixed one, side by side in one run.
+"""Triton's fixed batching delay, with and without early runs, against the adaptive one.
 
-Each round serves the reference MLP (max_batch_size 64, delay 1000 µs, torch 1 thread) twice,
-once with the model parameter `BATCH_DELAY` = `fixed` (every partial batch waits out the
-delay, as Triton's does; the default) and once `adaptive` (opt-in: no wait while requests
-arrive further apart than the delay), in alternating order, and drives each with
-`sluice bench`: closed loop at concurrency 1, then open-loop Poisson arrivals at each rate.
-It prints, per load, the medians over the rounds of p50 / p99, the server's queue time and
-the average batch, and the adaptive / fixed p50 ratio.
+Each round serves the reference MLP (max_batch_size 64, delay 1000 µs, torch 1 thread) three
+ways, in an order rotated each round: `fixed` (the model parameter `BATCH_DELAY` = `fixed`:
+every partial batch waits out the delay, as Triton's does) with `--no-early-run`; the same with
+early runs (the default: while requests come far apart, the lone batch the delay will release
+runs as the delay runs out and answers only once that batch is formed); and `adaptive` (opt-in:
+no wait while requests arrive further apart than the delay). Each is driven by `sluice bench`:
+closed loop at concurrency 1, then open-loop Poisson arrivals at each rate. It prints, per
+load, the medians over the rounds of p50 / p99, the server's queue time and the average batch,
+and each variant's p50 over that of Triton's plain wait.
 
-    python benchmarks/adaptive_delay.py [--rates 100,400,1000,2000] [--rounds 2]
+    python benchmarks/adaptive_delay.py [--rates 100,400,1000,2000] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -27,7 +29,12 @@ from compare_triton import mlp_repository, serving  # noqa: E402
 from sluice.bench.loadgen import run_bench  # noqa: E402
 from sluice.bench.settings import BenchSettings, Mode  # noqa: E402
 
-MODES = ("fixed", "adaptive")
+#: label -> (the model's BATCH_DELAY, sluice serve's options)
+VARIANTS = {
+    "fixed": ("fixed", ("--no-early-run",)),
+    "fixed+early": ("fixed", ("--early-run",)),
+    "adaptive": ("adaptive", ("--no-early-run",)),
+}
 PORT = 18800
 #: (p50 ms, p99 ms, server queue ms, average batch) of one load on one server
 Figures = tuple[float, float, float, float]
@@ -53,38 +60,42 @@ def measure(url: str, mode: Mode, level: float) -> Figures:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rates", default="100,400,1000,2000")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     loads: list[tuple[Mode, float]] = [("concurrency", 1)]
     loads += [("request_rate", float(r)) for r in args.rates.split(",")]
     figures: dict[tuple[str, int], list[Figures]] = defaultdict(list)
+    labels = list(VARIANTS)
     for round_ in range(args.rounds):
-        for mode in MODES if round_ % 2 == 0 else MODES[::-1]:
-            with serving(repository(mode), PORT + 10 * round_) as (url, _):
+        turn = labels[round_ % len(labels) :] + labels[: round_ % len(labels)]
+        for slot, label in enumerate(turn):
+            mode, options = VARIANTS[label]
+            port = PORT + 10 * (round_ * len(labels) + slot)
+            with serving(repository(mode), port, options) as (url, _):
                 for index, (kind, level) in enumerate(loads):
-                    figures[(mode, index)].append(measure(url, kind, level))
-                    p50, p99, queue, batch = figures[(mode, index)][-1]
+                    figures[(label, index)].append(measure(url, kind, level))
+                    p50, p99, queue, batch = figures[(label, index)][-1]
                     print(
-                        f"[{mode}] {kind} {level:g}: p50 {p50:.2f} ms p99 {p99:.2f} ms "
+                        f"[{label}] {kind} {level:g}: p50 {p50:.2f} ms p99 {p99:.2f} ms "
                         f"queue {queue:.2f} ms batch {batch:.2f}",
                         flush=True,
                     )
-    print(
-        "\n| load | fixed p50 / p99 ms | adaptive p50 / p99 ms | fixed queue ms | "
-        "adaptive queue ms | fixed batch | adaptive batch | adaptive / fixed p50 |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
+    head = " | ".join(f"{v} p50 / p99 ms | {v} queue ms | {v} batch" for v in labels)
+    ratios = " | ".join(f"{label} / fixed p50" for label in labels[1:])
+    print(f"\n| load | {head} | {ratios} |")
+    print("|---|" + "---|" * (3 * len(labels) + len(labels) - 1))
     for index, (kind, level) in enumerate(loads):
-        fixed, adaptive = (
-            [statistics.median(column) for column in zip(*figures[(m, index)], strict=True)]
-            for m in MODES
+        medians = {
+            label: [statistics.median(c) for c in zip(*figures[(label, index)], strict=True)]
+            for label in labels
+        }
+        cells = " | ".join(
+            f"{m[0]:.2f} / {m[1]:.1f} | {m[2]:.2f} | {m[3]:.2f}" for m in medians.values()
         )
-        label = "c=1 (closed loop)" if kind == "concurrency" else f"{level:g}/s Poisson"
-        print(
-            f"| {label} | {fixed[0]:.2f} / {fixed[1]:.1f} | {adaptive[0]:.2f} / "
-            f"{adaptive[1]:.1f} | {fixed[2]:.2f} | {adaptive[2]:.2f} | {fixed[3]:.2f} | "
-            f"{adaptive[3]:.2f} | {adaptive[0] / fixed[0]:.2f} |"
-        )
+        fixed = medians["fixed"][0]
+        shares = " | ".join(f"{medians[label][0] / fixed:.2f}" for label in labels[1:])
+        name = "c=1 (closed loop)" if kind == "concurrency" else f"{level:g}/s Poisson"
+        print(f"| {name} | {cells} | {shares} |")
 
 
 if __name__ == "__main__":

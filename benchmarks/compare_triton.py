@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -215,13 +215,14 @@ def identity_repository() -> Path:
 
 
 @contextlib.contextmanager
-def serving(repo: Path, port: int) -> Iterator[tuple[str, str]]:
-    """`sluice serve` on `repo` with its own embedded Redis: (host:port, Redis URL)."""
+def serving(repo: Path, port: int, options: Sequence[str] = ()) -> Iterator[tuple[str, str]]:
+    """`sluice serve` on `repo` with its own embedded Redis, and `options`: (host:port,
+    Redis URL)."""
     with EmbeddedRedis() as server:
         command = [sys.executable, "-m", "sluice", "serve", "--model-repository", str(repo)]
         command += ["--redis-url", server.url, "--http-port", str(port)]
         command += ["--grpc-port", str(port + 1), "--metrics-port", str(port + 2)]
-        command += ["--log-level", "warning"]
+        command += ["--log-level", "warning", *options]
         serve = subprocess.Popen(command)
         url = f"127.0.0.1:{port}"
         try:

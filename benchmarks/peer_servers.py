@@ -39,7 +39,8 @@ SLUICE_VARIANTS = {"sluice": [], "sluice-adaptive": ["--batch-delay", "adaptive"
 #: how each server batches, for the report
 SETTINGS = {
     "sluice": "max_batch_size 64, max_queue_delay_microseconds 1000 (the example's config), "
-    "1 worker, embedded Redis",
+    "Triton's fixed wait with early runs (the default: a lone batch runs while the wait runs "
+    "out), 1 worker, embedded Redis",
     "sluice-adaptive": "as sluice, with the opt-in --batch-delay adaptive (the 1 ms delay is "
     "skipped while requests arrive further apart than it; Triton's fixed wait otherwise)",
     "pytriton": "Triton dynamic batcher: max_batch_size 64, max_queue_delay_microseconds 1000; "
