@@ -198,6 +198,19 @@ def _recovery_counters(names: list[str], raws: list[dict[bytes, bytes]]) -> list
     return [reclaimed, dead]
 
 
+def _early_runs(stats: dict[tuple[str, str], VersionStats]) -> CounterMetricFamily:
+    family = CounterMetricFamily(
+        "sluice_early_runs",
+        "Lone batches run while their delay ran out: answered by the run, or dropped because "
+        "the batch formed otherwise",
+        labels=[*LABELS, "outcome"],
+    )
+    for (model, version), s in sorted(stats.items()):
+        for outcome in ("answered", "dropped"):
+            family.add_metric([model, version, outcome], s.get(f"early_{outcome}"))
+    return family
+
+
 def _counters(stats: dict[tuple[str, str], VersionStats]) -> list[Family]:
     families = []
     for metric, doc, field, divisor in _COUNTERS:
@@ -289,7 +302,7 @@ async def render(redis: aioredis.Redis, table: ModelTable) -> bytes:
     nv = [*_counters(stats), _failures(stats, gateway), _pending(stats, table)]
     metrics: list[Metric] = [_batch_histogram(stats), *_latency_histograms(stats)]
     metrics += await _stream_gauges(redis, table)
-    metrics += _recovery_counters(names, raws)
+    metrics += [*_recovery_counters(names, raws), _early_runs(stats)]
     metrics += _generation_metrics(stats, table)
     registry = CollectorRegistry()
     registry.register(_Snapshot(metrics))

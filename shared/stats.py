@@ -162,6 +162,10 @@ class BatchStats:
     input_ns: int = 0
     infer_ns: int = 0
     output_ns: int = 0
+    #: the batch was answered by a run made while its delay ran out; a run made early for
+    #: other requests was dropped when this batch was formed.
+    early_answered: bool = False
+    early_dropped: bool = False
 
     def increments(self) -> list[str | int]:
         v = self.version
@@ -200,6 +204,10 @@ class BatchStats:
         ]
         if ok:
             pairs += [f"{v}:success_count", ok, f"{v}:success_ns", sum(self.request_samples_ns)]
+        if self.early_answered:
+            pairs += [f"{v}:early_answered", 1]
+        if self.early_dropped:
+            pairs += [f"{v}:early_dropped", 1]
         pairs += histogram_increments(f"{v}:hq", self.queue_samples_ns)
         pairs += histogram_increments(f"{v}:hr", self.request_samples_ns)
         if self.requests_failed:

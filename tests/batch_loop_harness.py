@@ -54,7 +54,7 @@ class Launches:
     async def expire(self, expired: list[Any]) -> None:
         assert not expired
 
-    def start(self, launch: Any, early: Any = None) -> None:
+    def start(self, launch: Any, early: Any = None, dropped: bool = False) -> None:
         requests = [q.request for q in launch.batch]
         if early is not None:
             running = early.running

@@ -30,6 +30,7 @@ SERVED = {
     "sluice_stream_pending_entries",
     "sluice_reclaimed_entries_total",
     "sluice_dead_lettered_requests_total",
+    "sluice_early_runs_total",
 }
 
 

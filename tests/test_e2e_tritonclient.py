@@ -282,6 +282,7 @@ def test_statistics_and_metrics_cover_the_fleet(
         "sluice_stream_entries",
         "sluice_stream_pending_entries",
         "sluice_reclaimed_entries_total",
+        "sluice_early_runs_total",
     ):
         assert name in text, name
 

@@ -4,18 +4,15 @@ made while their delay ran out, and requests that join one are still batched wit
 from __future__ import annotations
 
 import contextlib
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import redis
 import torch
 from sluice.shared import keys
 from sluice.shared.protocol import encode_requests
+from sluice.shared.stats import read_stats_command, stats_hash
 
-from tests.streams import collect_results, int_request
+from tests.streams import collect_results, int_request, running_worker
 
 #: long enough for the test's next requests to join a lone one while it waits.
 DELAY_US = 50_000
@@ -43,27 +40,25 @@ def test_lone_requests_are_answered_by_early_runs_and_joiners_still_batch(
     (repo / "plus" / "1").mkdir(parents=True)
     (repo / "plus" / "config.pbtxt").write_text(CONFIG)
     torch.jit.save(torch.jit.script(PlusOne()), str(repo / "plus" / "1" / "model.pt"))
-    log = tmp_path / "worker.log"
-    command = [sys.executable, "-m", "sluice", "worker", "--model-repository", str(repo)]
-    command += ["--redis-url", redis_url]
     client = redis.Redis.from_url(redis_url)
     stream, reply_to = keys.request_stream("plus"), keys.reply_stream("test")
-    with log.open("wb") as out, contextlib.closing(client):
-        worker = subprocess.Popen(command, stderr=out, env=dict(os.environ))
-        try:
-            seen: list[tuple[str, int]] = []
-            for i in range(QUIET):  # one at a time: none joins another's wait
-                client.xadd(stream, encode_requests([int_request(i, reply_to)]))
-                seen = collect_results(client, reply_to, i + 1)
-            assert seen == [(f"r{i}", i + 1) for i in range(QUIET)]
-            # four at once, the last three sent while the first may run early
-            for i in range(QUIET, QUIET + 4):
-                client.xadd(stream, encode_requests([int_request(i, reply_to)]))
-            late = collect_results(client, reply_to, QUIET + 4)[QUIET:]
-            assert sorted(late) == [(f"r{i}", i + 1) for i in range(QUIET, QUIET + 4)]
-        finally:
-            worker.terminate()
-            assert worker.wait(30) == 0
-    counts = re.search(rb"plus: (\d+) early runs answered, (\d+) dropped", log.read_bytes())
-    assert counts is not None, log.read_text()
-    assert int(counts[1]) > 0
+    with running_worker(repo, redis_url), contextlib.closing(client):
+        seen: list[tuple[str, int]] = []
+        for i in range(QUIET):  # one at a time: none joins another's wait
+            client.xadd(stream, encode_requests([int_request(i, reply_to)]))
+            seen = collect_results(client, reply_to, i + 1)
+        assert seen == [(f"r{i}", i + 1) for i in range(QUIET)]
+        answered = _statistic(client, "early_answered")
+        assert answered > 0  # the last lone requests were answered by early runs
+        # four at once, the last three sent while the first may run early
+        for i in range(QUIET, QUIET + 4):
+            client.xadd(stream, encode_requests([int_request(i, reply_to)]))
+        late = collect_results(client, reply_to, QUIET + 4)[QUIET:]
+        assert sorted(late) == [(f"r{i}", i + 1) for i in range(QUIET, QUIET + 4)]
+        assert _statistic(client, "execution_count") >= QUIET + 1
+        assert _statistic(client, "inference_count") == QUIET + 4  # a dropped run counts none
+
+
+def _statistic(client: redis.Redis, name: str) -> int:
+    stats = stats_hash(client.execute_command(*read_stats_command("plus")))
+    return int(stats.get(f"1:{name}".encode(), 0))

@@ -86,10 +86,11 @@ class Answering:
                 self.responses.end(item.request, error_from_code(*result.error))
         return [], []
 
-    def start(self, launch: Launch, early: Early | None = None) -> None:
+    def start(self, launch: Launch, early: Early | None = None, dropped: bool = False) -> None:
         """Start the batch on its lane's thread within the batch loop's turn (or run it right
         here when `launch.inline`), and answer it on a task of its own. A batch that ran
-        `early` is answered by that run instead."""
+        `early` is answered by that run instead; `dropped`: a run made early for other
+        requests was dropped when this batch was formed (both counted in its statistics)."""
         requests = [q.request for q in launch.batch]
         sizes = [q.pending.batch_size for q in launch.batch]
         if self.responses is not None:
@@ -99,19 +100,20 @@ class Answering:
         else:
             started = time.time_ns()
             running = self.instances.start(launch.lane, requests, sizes, here=launch.inline)
-        self.spawn(self._answer(launch, requests, sizes, started, running))
+        stats = BatchStats(requests[0].version, sum(sizes), started // 1_000_000)
+        stats.queue_samples_ns = [max(0, started - r.enqueue_ns) for r in requests]
+        stats.early_answered, stats.early_dropped = early is not None, dropped
+        self.spawn(self._answer(launch, requests, sizes, stats, running))
 
     async def _answer(
         self,
         launch: Launch,
         requests: list[Request],
         sizes: list[int],
-        started: int,
+        stats: BatchStats,
         running: asyncio.Future[BatchOutputs],
     ) -> None:
         lane, inline = launch.lane, launch.inline
-        stats = BatchStats(requests[0].version, sum(sizes), started // 1_000_000)
-        stats.queue_samples_ns = [max(0, started - r.enqueue_ns) for r in requests]
         results = await self.instances.run_isolating(lane, requests, sizes, stats, running)
         failed = sum(r.error is not None for r in results)
         stats.requests_ok, stats.requests_failed = len(results) - failed, failed

@@ -58,7 +58,7 @@ class BatchLoop:
             decision = state.decide(now)
             if isinstance(decision, Send):
                 launch = state.batch_launched(decision.indices, self.instances.last_run_ns)
-                self.answering.start(launch, self.early.claim(launch.batch))
+                self.answering.start(launch, *self.early.claim(launch.batch))
                 continue
             self.early.waiting()
             state.wake.clear()

@@ -98,20 +98,21 @@ class EarlyRuns:
         self._held = Early(_ids(batch), started, running)
         running.add_done_callback(lambda done: self._ended(lane, done))
 
-    def claim(self, batch: list[Queued]) -> Early | None:
-        """A batch was formed: the held run if it ran exactly `batch` (any other is dropped)."""
+    def claim(self, batch: list[Queued]) -> tuple[Early | None, bool]:
+        """A batch was formed: the held run if it ran exactly `batch`, and whether a held run
+        of other requests was dropped instead."""
         ids = _ids(batch)
         expected, self._expected = self._expected, None
         if expected is not None:
             self.quiet = self.quiet + 1 if expected == ids else 0
         held, self._held = self._held, None
         if held is None:
-            return None
+            return None, False
         if held.ids == ids:
             self.used += 1
-            return held
+            return held, False
         self.dropped += 1
-        return None
+        return None, True
 
     def _ended(self, lane: int, done: asyncio.Future[BatchOutputs]) -> None:
         if not done.cancelled():
