@@ -5,14 +5,15 @@ usual. Batches are never formed differently."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from sluice.shared.model_config import ModelSpec
+from sluice.shared.stats import BatchStats
 from sluice.workers.batch_loop import BatchLoop
 from sluice.workers.batcher import BatchRules, Send
 from sluice.workers.early_run import EarlyRuns
@@ -23,7 +24,8 @@ from tests.batch_loop_harness import Launches, add_model, queued
 from tests.streams import int_request
 
 MS = 1_000_000
-DELAY_NS = 50 * MS
+#: a minute: the loop's clock is the test's, so no real wait comes to its end.
+DELAY_NS = 60_000 * MS
 RULES = BatchRules(
     max_batch_size=4, dynamic=True, max_queue_delay_ns=DELAY_NS, preferred_batch_sizes=frozenset()
 )
@@ -101,10 +103,20 @@ def test_early_runs_start_only_after_waits_that_no_request_joined(spec: ModelSpe
     gated.instances.shutdown()
 
 
+class Clock:
+    """The batch loop's wall clock, moved by the test only."""
+
+    def __init__(self) -> None:
+        self.now_ns = 0
+
+    def __call__(self) -> int:
+        return self.now_ns
+
+
 def _served(spec: ModelSpec, then: Any, joining: int) -> tuple[Launches, EarlyRuns, Gated]:
     """r0 arrives alone after waits that none joined, and its run starts at once; `then(state,
-    gated)` runs while that run is held, and the loop answers until r0 and the `joining`
-    requests are."""
+    gated)` runs while that run is held, the delay runs out, and the loop answers until r0 and
+    the `joining` requests are."""
 
     async def run() -> tuple[Launches, EarlyRuns, Gated]:
         gated = Gated(spec)
@@ -112,11 +124,14 @@ def _served(spec: ModelSpec, then: Any, joining: int) -> tuple[Launches, EarlyRu
         launches = Launches(state, gated.instances)
         early = EarlyRuns(state, gated.instances, enabled=True)
         early.quiet = EarlyRuns.QUIET_WAITS  # no request joined the waits before
-        loop = asyncio.create_task(BatchLoop(state, gated.instances, None, launches, early).run())  # type: ignore[arg-type]
-        queued(state, int_request(0, "reply"), time.time_ns())
+        clock = Clock()
+        batching = BatchLoop(state, gated.instances, None, launches, early, clock)  # type: ignore[arg-type]
+        loop = asyncio.create_task(batching.run())
+        queued(state, int_request(0, "reply"), 0)
         await gated.next_call()
         assert launches.answers == [] and len(state.pending) == 1  # run, but not yet a batch
         await then(state, gated)
+        clock.now_ns = 2 * DELAY_NS  # every delay is out when the early run ends and wakes the loop
         gated.release.release()
         while sum(map(len, launches.answers)) < 1 + joining:
             launches.answered.clear()
@@ -143,7 +158,7 @@ def test_a_lone_request_is_answered_by_the_run_made_while_its_delay_ran_out(
 
 def test_a_request_joining_during_the_delay_drops_the_early_run(spec: ModelSpec) -> None:
     async def another_joins(state: QueueState, gated: Gated) -> None:
-        queued(state, int_request(1, "reply"), time.time_ns())
+        queued(state, int_request(1, "reply"), 1)
         gated.release.release()  # the batch r0 + r1 runs after the early run
 
     launches, early, gated = _served(spec, another_joins, joining=1)
@@ -155,10 +170,55 @@ def test_a_request_joining_during_the_delay_drops_the_early_run(spec: ModelSpec)
 def test_a_request_leaving_during_the_delay_drops_the_early_run(spec: ModelSpec) -> None:
     async def it_leaves_and_another_comes(state: QueueState, gated: Gated) -> None:
         assert state.request_cancelled("r0") is not None
-        queued(state, int_request(1, "reply"), time.time_ns())
+        queued(state, int_request(1, "reply"), 1)
         gated.release.release()
 
     launches, early, gated = _served(spec, it_leaves_and_another_comes, joining=0)
     assert launches.answers == [[2]] and launches.early == [False]
     assert gated.seen == [[0], [1]]
     assert (early.used, early.dropped) == (0, 1)
+
+
+def test_a_failing_early_run_fails_only_its_batch_and_a_dropped_one_nobody(
+    spec: ModelSpec,
+) -> None:
+    def broken(inputs: dict[str, Any]) -> dict[str, Any]:
+        raise RuntimeError("out of memory")
+
+    async def run() -> tuple[list[Any], list[dict[str, Any]]]:
+        loop_errors: list[dict[str, Any]] = []
+        asyncio.get_running_loop().set_exception_handler(lambda _, ctx: loop_errors.append(ctx))
+        instances = Instances(spec, {1: [broken]}, torch.device("cpu"))
+        instances.last_run_ns = MS
+        state = QueueState(RULES, 1, 1)
+        early = EarlyRuns(state, instances, enabled=True)
+        early.quiet = EarlyRuns.QUIET_WAITS
+        # claimed: the batch is answered with the model's error, as a batch run late would be
+        queued(state, int_request(0, "reply"), 0)
+        state.wake.clear()
+        early.waiting()
+        await state.wake.wait()  # the run failed and gave its lane back
+        launch = state.batch_launched((0,), MS)
+        held, dropped = early.claim(launch.batch)
+        assert held is not None and not dropped
+        stats = BatchStats(1, 1, 0)
+        results = await instances.run_isolating(
+            launch.lane, [q.request for q in launch.batch], [1], stats, held.running
+        )
+        state.batch_finished(launch.lane)
+        # dropped: its failure goes nowhere
+        queued(state, int_request(1, "reply"), 1)
+        early.waiting()
+        queued(state, int_request(2, "reply"), 2)
+        state.wake.clear()
+        await state.wake.wait()
+        assert early.claim(state.batch_launched((0, 1), MS).batch) == (None, True)
+        del held
+        gc.collect()
+        instances.shutdown()
+        return results, loop_errors
+
+    results, loop_errors = asyncio.run(run())
+    assert [r.id for r in results] == ["r0"]
+    assert results[0].error is not None and "out of memory" in results[0].error[1]
+    assert loop_errors == []

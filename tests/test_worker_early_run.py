@@ -15,8 +15,8 @@ from sluice.shared.stats import read_stats_command, stats_hash
 from tests.streams import collect_results, int_request, running_worker
 
 #: long enough for the test's next requests to join a lone one while it waits.
-DELAY_US = 50_000
-QUIET = 60
+DELAY_US = 100_000
+QUIET = 70
 
 CONFIG = f"""
 name: "plus"

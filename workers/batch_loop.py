@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 
 from sluice.workers.answering import Answering
 from sluice.workers.batcher import Send
@@ -32,12 +33,15 @@ class BatchLoop:
         reader: StreamReader,
         answering: Answering,
         early: EarlyRuns,
+        clock: Callable[[], int] = time.time_ns,
     ) -> None:
+        """`clock`: wall time in ns, on which requests' enqueue times and delays count."""
         self.state = state
         self.instances = instances
         self.reader = reader
         self.answering = answering
         self.early = early
+        self.clock = clock
 
     async def run(self) -> None:
         state = self.state
@@ -51,7 +55,7 @@ class BatchLoop:
             count = state.catch_up_count()
             if count:
                 await self.reader.catch_up(count)
-            now = time.time_ns()
+            now = self.clock()
             await self.answering.expire(state.expired(now))
             if not state.pending:
                 continue
@@ -69,6 +73,6 @@ class BatchLoop:
     def _stage_next(self) -> None:
         """Every lane is busy: make the inputs of the full batch a free lane would take now."""
         assert self.instances.ahead is not None
-        batch = self.state.full_batch(time.time_ns())
+        batch = self.state.full_batch(self.clock())
         if batch:
             self.instances.ahead.stage([q.request for q in batch])
