@@ -143,7 +143,7 @@ def async_client(url: str, *, socket_timeout_s: float | None = 10.0) -> Any:
 
 def sync_client(url: str) -> Any:
     plain, cluster = split_cluster_flag(url)
-    options = {"socket_connect_timeout": CONNECT_TIMEOUT_S, "socket_timeout": 10.0}
+    options: dict[str, Any] = {"socket_connect_timeout": CONNECT_TIMEOUT_S, "socket_timeout": 10.0}
     sentinel = parse_sentinel_url(plain)
     if sentinel is not None:
         manager = redis.sentinel.Sentinel(sentinel.sentinels, sentinel_kwargs=SENTINEL_OPTIONS)
