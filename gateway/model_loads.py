@@ -20,7 +20,7 @@ from sluice.shared import keys
 from sluice.shared.errors import InvalidInput, SluiceError, Unavailable
 from sluice.shared.redis_client import AsyncClient
 from sluice.shared.registry import READY, Member, live_members, now_ms
-from sluice.shared.repository_control import declare, override_path
+from sluice.shared.repository_control import declare, model_name_problem, override_path
 
 #: how often the fleet's states are looked at while a load is applied.
 LOAD_POLL_S = 0.05
@@ -32,7 +32,10 @@ def failed_to_poll(name: str) -> SluiceError:
 
 
 def check_load(name: str, config_json: str | None, files: Mapping[str, bytes] | None) -> None:
-    """A load's parameters as Triton takes them (InvalidInput naming the one that is wrong)."""
+    """A load's parameters as Triton takes them (InvalidInput naming the one that is wrong).
+    The name is checked first, with or without files: workers make it a directory."""
+    if (problem := model_name_problem(name)) is not None:
+        raise InvalidInput(f"load failed for model '{name}': {problem}")
     if config_json is not None:
         try:
             config = json.loads(config_json)

@@ -90,6 +90,23 @@ def load_model_problem(mode: str, names: tuple[str, ...]) -> str | None:
     return None
 
 
+#: the longest model name: one directory name on the workers' filesystems (255 bytes).
+MAX_MODEL_NAME_BYTES = 255
+
+
+def model_name_problem(name: str) -> str | None:
+    """Why `name` cannot name a model directory (None: it can). A model is one directory of
+    the repository, so its name is one path component: never empty, `.` or `..`, and with no
+    separator or NUL, so that no name from the wire or from Redis reaches another directory."""
+    if name in ("", ".", ".."):
+        return f"model name '{name}' is not a directory name"
+    if any(c in name for c in "/\\\0"):
+        return "model name must not contain '/', '\\' or NUL"
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_MODEL_NAME_BYTES:
+        return f"model name is longer than {MAX_MODEL_NAME_BYTES} bytes"
+    return None
+
+
 def override_path(parameter: str) -> PurePosixPath:
     """`file:1/model.pt` -> `1/model.pt`; ValueError for a path that leaves the model dir."""
     path = PurePosixPath(parameter.removeprefix("file:"))

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 import tritonclient.http as httpclient
 from sluice.shared import keys
@@ -316,6 +317,48 @@ def test_file_parameters_load_a_model_no_repository_holds(explicit: Service) -> 
         assert _output(_infer(explicit, "shipped", "X", 4.0)) == [9.0] * 4
         client.unload_model("shipped")
     wait_until(lambda: _state(explicit, "shipped") == "UNAVAILABLE", "shipped unloaded")
+
+
+def test_a_name_that_is_no_directory_reaches_no_filesystem_call(
+    explicit: Service, tmp_path: Path
+) -> None:
+    """A load's name becomes a directory on every worker: `..` is refused at the gateway, and
+    a desired state stored under another directory's path (past the gateways, straight into
+    Redis) is dropped by the workers, those that start later included."""
+    victim = tmp_path / "victim"
+    (victim / "keep").mkdir(parents=True)
+    config = json.dumps({**AFFINE_OVERRIDE, "name": "x"})
+    load = {"parameters": {"config": config, "file:1/model.py": "eA=="}}
+    for name in ("..", "a%5Cb"):
+        status, body = _call(explicit, "POST", f"/v2/repository/models/{name}/load", load)
+        assert status == 400 and "model name" in body["error"], body
+    redis = sync_client(explicit.redis_url)
+    try:
+        assert not {b"..", b"a\\b"} & set(redis.hkeys(keys.DESIRED))
+        packed = msgpack.packb({"file:1/model.py": b"x"})
+        record = msgpack.packb([10**9, True, config, True])
+        redis.hset(keys.DESIRED_FILES, str(victim), packed)
+        redis.hset(keys.DESIRED, str(victim), record)
+        redis.publish(keys.DESIRED_CHANNEL, str(victim))
+
+        def dropped(log: list[str]) -> bool:
+            return any("dropped, not applied" in line and str(victim) in line for line in log)
+
+        wait_until(lambda: dropped(explicit.log), "the workers dropping the desired state")
+        args = list(explicit.process.args)  # type: ignore[arg-type]
+        repo = args[args.index("--model-repository") + 1]
+        late = start_sluice(
+            "worker",
+            [*("--model-repository", repo, "--redis-url", explicit.redis_url), *EXPLICIT],
+            ready="dropped, not applied",
+        )
+        stop_service(late)
+        assert dropped(late.log)
+        assert (victim / "keep").is_dir()
+    finally:
+        redis.hdel(keys.DESIRED, str(victim))
+        redis.hdel(keys.DESIRED_FILES, str(victim))
+        redis.close()
 
 
 AFFINE_OVERRIDE = {

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -20,8 +19,9 @@ from sluice.shared.errors import ModelConfigError
 from sluice.shared.model_config import Completer
 from sluice.shared.redis_client import AsyncClient
 from sluice.shared.repository import ModelEntry, scan_model, scan_repository
-from sluice.shared.repository_control import DesiredModel, override_path, read_files
+from sluice.shared.repository_control import DesiredModel, model_name_problem, read_files
 from sluice.workers.backends import Infer, instance_devices, load_instance
+from sluice.workers.override_files import OverrideDirectory
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +75,8 @@ def check_ensemble(entry: ModelEntry, repository: Path, complete: Completer | No
     def config_of(name: str) -> Mapping[str, object] | None:
         if entry.spec is not None and name == entry.name:
             return entry.spec.config_json
-        if not (repository / name).is_dir():
-            return None
+        if model_name_problem(name) is not None or not (repository / name).is_dir():
+            return None  # a step's name from a config on the wire: never another directory
         found = scan_model(repository / name, complete=complete)
         if found.spec is None or found.error:
             raise EnsembleError(
@@ -115,12 +115,13 @@ async def build(
     model_dir: Path,
     repository: Path,
     complete: Completer | None,
+    overrides: OverrideDirectory,
 ) -> Loaded:
     """The model's entry and instances, from its directory or (`file:` overrides, read from
     Redis) from the private one they are written to; off the event loop."""
     if wanted.has_files:
         files = await read_files(redis, name)
-        await asyncio.to_thread(_write_files, model_dir, files)
+        await asyncio.to_thread(overrides.write, model_dir, files)
     entry = await asyncio.to_thread(
         scan_model, model_dir, config_json=wanted.config_json, complete=complete
     )
@@ -130,13 +131,3 @@ async def build(
         await asyncio.to_thread(check_ensemble, entry, repository, complete)
         return entry, {}, torch.device("cpu")
     return await asyncio.to_thread(load_model, entry)
-
-
-def _write_files(model_dir: Path, files: Mapping[str, bytes]) -> None:
-    """A load's `file:<path>` overrides as a private model directory."""
-    shutil.rmtree(model_dir, ignore_errors=True)
-    for parameter, content in files.items():
-        target = model_dir / override_path(parameter)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(content)
-    model_dir.mkdir(parents=True, exist_ok=True)

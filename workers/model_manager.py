@@ -18,7 +18,7 @@ from pathlib import Path
 
 from sluice.shared.redis_client import REDIS_ERRORS
 from sluice.shared.repository import fingerprint, model_names
-from sluice.shared.repository_control import DesiredModel
+from sluice.shared.repository_control import DesiredModel, model_name_problem
 from sluice.workers.served_models import ServedModels
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,8 @@ class ModelManager:
         self._wanted: dict[str, DesiredModel] = {}
         self._appliers: dict[str, asyncio.Task[None]] = {}
         self._poll_generations = itertools.count(1)
+        #: desired states dropped for their names (each said once).
+        self._refused: set[str] = set()
 
     @property
     def repository(self) -> Path:
@@ -69,13 +71,22 @@ class ModelManager:
     def follow(self, desired: Mapping[str, DesiredModel]) -> None:
         """Apply every desired state this worker has not applied yet (each model in turn)."""
         for name, wanted in desired.items():
-            if not self.in_scope(name, wanted):
+            if not self._acceptable(name) or not self.in_scope(name, wanted):
                 continue
             status = self.served.statuses.get(name)
             applied = status.generation if status is not None else 0
             if wanted.generation == applied and name not in self._appliers:
                 continue
             self._want(name, wanted)
+
+    def _acceptable(self, name: str) -> bool:
+        """A desired state stored under a name that is no model directory (written to Redis
+        past the gateways' check) is dropped, never applied: said once per name."""
+        problem = model_name_problem(name)
+        if problem is not None and name not in self._refused:
+            self._refused.add(name)
+            log.error("desired state of model %r dropped, not applied: %s", name, problem)
+        return problem is None
 
     def _want(self, name: str, wanted: DesiredModel) -> None:
         self._wanted[name] = wanted

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,7 @@ from sluice.shared.model_config import Completer
 from sluice.shared.redis_client import AsyncClient
 from sluice.shared.registry import LOADING, READY, UNAVAILABLE, UNLOADING, ModelStatus
 from sluice.shared.repository import ModelEntry, fingerprint
-from sluice.shared.repository_control import DesiredModel
+from sluice.shared.repository_control import DesiredModel, model_name_problem
 from sluice.workers.model_build import (
     ENSEMBLE_KIND,
     Loaded,
@@ -42,6 +41,7 @@ from sluice.workers.model_build import (
     load_model,
 )
 from sluice.workers.model_queue import ModelQueue
+from sluice.workers.override_files import OverrideDirectory
 from sluice.workers.retirement import drained, release
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ class ServedModels:
         redis: AsyncClient,
         make_queue: QueueFactory,
         on_change: Callable[[], None],
-        overrides_dir: Path,
+        overrides: OverrideDirectory,
         complete: Completer | None = None,
     ) -> None:
         self.repository = repository
@@ -82,7 +82,7 @@ class ServedModels:
         self.redis = redis
         self.make_queue = make_queue
         self.on_change = on_change
-        self.overrides_dir = overrides_dir
+        self.overrides = overrides
         self.complete = complete
         #: the queue serving each loaded model.
         self.queues: dict[str, ModelQueue] = {}
@@ -163,6 +163,8 @@ class ServedModels:
 
     async def load(self, name: str, wanted: DesiredModel) -> None:
         """Load or reload a model as `wanted` says; a failure is its status's reason."""
+        if (problem := model_name_problem(name)) is not None:  # before any filesystem call
+            raise ValueError(problem)
         current = self.queues.get(name)
         model_dir = self.repository / name
         seen = await asyncio.to_thread(fingerprint, model_dir) if model_dir.is_dir() else ()
@@ -174,18 +176,23 @@ class ServedModels:
             return
         if current is None:
             self._set(name, ModelStatus([], None, LOADING, self._generation(name)))
-        files_dir = (
-            self.overrides_dir / f"g{wanted.generation}" / name if wanted.has_files else None
-        )
+        files_dir = None
         try:
+            if wanted.has_files:
+                files_dir = self.overrides.for_load(wanted.generation, name)
             entry, instances, device = await build(
-                self.redis, name, wanted, files_dir or model_dir, self.repository, self.complete
+                self.redis,
+                name,
+                wanted,
+                files_dir or model_dir,
+                self.repository,
+                self.complete,
+                self.overrides,
             )
         except Exception as exc:  # any failure of a model's files or code is its load's reason
             reason = exc.message if isinstance(exc, ModelConfigError) else f"{exc}"
             log.error("model %r not loaded: %s", name, reason)
-            if files_dir is not None:
-                shutil.rmtree(files_dir, ignore_errors=True)
+            self.overrides.discard(files_dir)
             # the directory as seen, so that a poll tries again only once it changes
             if current is not None and source is not None:  # the old one keeps serving
                 self._sources[name] = Source(seen, source.overridden, source.files_dir)
@@ -210,8 +217,8 @@ class ServedModels:
         log.info("model %r versions %s ready on %s", name, tuple(versions), device)
         if current is not None:
             await self._retire(current)
-            if source is not None and source.files_dir is not None:
-                shutil.rmtree(source.files_dir, ignore_errors=True)
+            if source is not None:
+                self.overrides.discard(source.files_dir)
 
     async def unload(self, name: str, generation: int, superseded: Callable[[], bool]) -> None:
         """Unload a model once what is queued for it has run, unless `superseded` first."""
@@ -226,8 +233,8 @@ class ServedModels:
         del self.queues[name]
         await self._retire(queue)
         source = self._sources.pop(name, None)
-        if source is not None and source.files_dir is not None:
-            shutil.rmtree(source.files_dir, ignore_errors=True)
+        if source is not None:
+            self.overrides.discard(source.files_dir)
         self._set(name, ModelStatus([], UNLOADED, UNAVAILABLE, generation))
         log.info("model %r unloaded", name)
 
@@ -258,4 +265,4 @@ class ServedModels:
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
         for queue in self._tasks:
             await queue.reader.aclose()
-        shutil.rmtree(self.overrides_dir, ignore_errors=True)
+        self.overrides.remove_all()

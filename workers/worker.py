@@ -6,9 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 import socket
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -47,6 +45,7 @@ from sluice.workers.health import HEALTH_SHUTDOWN_S, serve_health
 from sluice.workers.inflight_loop import InflightLoop
 from sluice.workers.model_manager import ModelManager
 from sluice.workers.model_queue import ModelQueue
+from sluice.workers.override_files import OverrideDirectory
 from sluice.workers.python_backend import bls
 from sluice.workers.recovery import RecoveryPolicy
 from sluice.workers.served_models import ServedModels
@@ -298,10 +297,6 @@ class Worker:
         names = set(manager.scope()) if ALL_MODELS in wanted else set(wanted)
         return names - set(desired), desired
 
-    def _overrides_dir(self) -> Path:
-        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", self.id)
-        return Path(tempfile.gettempdir()) / f"sluice-overrides-{safe}"
-
     async def run(self) -> None:
         await initialized(self.redis)  # before the model queues share it
         health = None
@@ -315,7 +310,7 @@ class Worker:
             self.redis,
             self._new_queue,
             self._changed,
-            self._overrides_dir(),
+            OverrideDirectory(self.id),
             complete=complete_config,
         )
         manager = self.manager = ModelManager(served, self.config.models)
