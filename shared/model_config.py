@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from google.protobuf import json_format, text_format
@@ -157,6 +157,11 @@ def load_model_config(
         raise err("name", f"'{cfg.name}' must equal the directory name '{model_dir.name}'")
     cfg.name = cfg.name or model_dir.name
     kind = _resolve_backend(cfg, err)
+    filename = PurePosixPath(cfg.default_model_filename)
+    if filename.is_absolute() or ".." in filename.parts or "\\" in cfg.default_model_filename:
+        # a config can come from the wire (a load's config parameter): no file elsewhere
+        message = f"'{cfg.default_model_filename}' must name a file in the version directory"
+        raise err("default_model_filename", message)
     if complete is not None:
         complete(cfg, model_dir)
     if cfg.max_batch_size < 0:

@@ -320,3 +320,16 @@ def test_missing_config_file(tmp_path: Path) -> None:
     (tmp_path / "m").mkdir()
     with pytest.raises(ModelConfigError, match="cannot read"):
         load_model_config(tmp_path / "m")
+
+
+@pytest.mark.parametrize("filename", ["../../../etc/model.pt", "/etc/model.pt", "..\\x.pt"])
+def test_the_model_file_is_one_in_the_version_directory(tmp_path: Path, filename: str) -> None:
+    """A load's config parameter comes from the wire: its model file cannot be elsewhere."""
+    text = f'backend: "pytorch" default_model_filename: "{filename}"' + IO
+    text = text.replace("\\", "\\\\")
+    assert "default_model_filename: " in config_error(tmp_path, text)
+
+
+def test_a_model_file_in_a_subdirectory_of_the_version_is_kept(tmp_path: Path) -> None:
+    text = 'backend: "pytorch" default_model_filename: "saved/model.pt"' + IO
+    assert load(tmp_path, text).model_filename == "saved/model.pt"
