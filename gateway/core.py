@@ -60,6 +60,8 @@ class GatewayLimits:
     job_ttl_s: int = 3600
     #: Triton's --model-control-mode; only "explicit" takes repository loads and unloads.
     model_control_mode: str = "none"
+    #: models whose `file:` overrides the fleet keeps in Redis at once (0: no limit).
+    max_override_models: int = 64
 
 
 class InferInput(Protocol):
@@ -161,8 +163,8 @@ class GatewayCore:
         await self._refresh()
         if not files and name not in self.table.repository:
             raise failed_to_poll(name)
-        timeout_s = self.limits.request_timeout_s
-        await load_fleet_wide(self.dispatcher.redis, name, config_json, files, timeout_s)
+        timeout_s, most = self.limits.request_timeout_s, self.limits.max_override_models
+        await load_fleet_wide(self.dispatcher.redis, name, config_json, files, timeout_s, most)
         await self._refresh()  # its config (batching, signature) as of this load, here at once
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:

@@ -20,7 +20,12 @@ from sluice.shared import keys
 from sluice.shared.errors import InvalidInput, SluiceError, Unavailable
 from sluice.shared.redis_client import AsyncClient
 from sluice.shared.registry import READY, Member, live_members, now_ms
-from sluice.shared.repository_control import declare, model_name_problem, override_path
+from sluice.shared.repository_control import (
+    OverridesFull,
+    declare,
+    model_name_problem,
+    override_path,
+)
 
 #: how often the fleet's states are looked at while a load is applied.
 LOAD_POLL_S = 0.05
@@ -94,9 +99,23 @@ async def load_fleet_wide(
     config_json: str | None,
     files: Mapping[str, bytes] | None,
     timeout_s: float,
+    max_file_models: int = 0,
 ) -> None:
     """Declare the load, then wait until the fleet has applied it (see the module's doc)."""
-    generation = await declare(redis, name, loaded=True, config_json=config_json, files=files)
+    try:
+        generation = await declare(
+            redis,
+            name,
+            loaded=True,
+            config_json=config_json,
+            files=files,
+            max_file_models=max_file_models,
+        )
+    except OverridesFull:
+        raise InvalidInput(
+            f"load failed for model '{name}': the fleet holds the 'file:' overrides of "
+            f"{max_file_models} models already (--max-override-models); unload one first"
+        ) from None
     deadline = time.monotonic() + timeout_s
     while True:
         fleet = await redis.hgetall(keys.FLEET)

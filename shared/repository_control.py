@@ -28,9 +28,14 @@ ALL_MODELS = "*"
 #: Triton's answer to a load or unload outside explicit mode (HTTP 503).
 NOT_EXPLICIT = "explicit model load / unload is not allowed if polling is enabled"
 
-#: hand out the next generation, record the desired state (and its files), nudge the workers.
+#: hand out the next generation, record the desired state (and its files), nudge the workers;
+#: -1 (nothing written) for the files of one model more than ARGV[6] allows (0: no limit).
 DECLARE = Lua(
     """
+if ARGV[4] ~= '' and tonumber(ARGV[6]) > 0 and redis.call('HEXISTS', KEYS[3], ARGV[1]) == 0
+    and redis.call('HLEN', KEYS[3]) >= tonumber(ARGV[6]) then
+  return -1
+end
 local generation = redis.call('INCR', KEYS[1])
 local record = cmsgpack.pack({generation, ARGV[2] == '1', ARGV[3], ARGV[4] ~= ''})
 redis.call('HSET', KEYS[2], ARGV[1], record)
@@ -115,6 +120,10 @@ def override_path(parameter: str) -> PurePosixPath:
     return path
 
 
+class OverridesFull(Exception):
+    """The fleet holds the `file:` overrides of as many models as it may (nothing written)."""
+
+
 async def declare(
     redis: AsyncClient,
     model: str,
@@ -122,14 +131,26 @@ async def declare(
     loaded: bool,
     config_json: str | None = None,
     files: Mapping[str, bytes] | None = None,
+    max_file_models: int = 0,
 ) -> int:
-    """Record a load (`loaded`) or an unload of `model` for the whole fleet; its generation."""
+    """Record a load (`loaded`) or an unload of `model` for the whole fleet; its generation.
+    The files of at most `max_file_models` models are kept (0: no limit), as Redis holds
+    them until their model is unloaded: one more is OverridesFull."""
     packed_files = msgpack.packb(dict(files)) if files else b""
-    args = [model, "1" if loaded else "0", config_json or "", packed_files, keys.DESIRED_CHANNEL]
-    reply = await DECLARE.run(
-        redis, [keys.DESIRED_GENERATION, keys.DESIRED, keys.DESIRED_FILES], args
+    args = [
+        model,
+        "1" if loaded else "0",
+        config_json or "",
+        packed_files,
+        keys.DESIRED_CHANNEL,
+        max_file_models,
+    ]
+    reply = int(
+        await DECLARE.run(redis, [keys.DESIRED_GENERATION, keys.DESIRED, keys.DESIRED_FILES], args)
     )
-    return int(reply)
+    if reply < 0:
+        raise OverridesFull(model)
+    return reply
 
 
 def decode_desired(raw: bytes | str) -> DesiredModel:

@@ -115,6 +115,13 @@ class GatewayOptions(ProcessSettings, IdlePolling, ModelControl):
     auth_token: str | None = option(
         None, help="Require 'Authorization: Bearer <token>' on every request but the health probes."
     )
+    max_override_models: int = option(
+        64,
+        help="Models loaded from a load's 'file:' overrides that the fleet holds at once (their "
+        "files are kept in Redis until the model is unloaded); one more is refused with 400. "
+        "0: no limit.",
+        check=at_least(0),
+    )
     job_ttl_s: int = option(
         3600,
         help="Seconds an asynchronous job and its result are kept (POST .../jobs).",
@@ -157,6 +164,7 @@ class GatewayOptions(ProcessSettings, IdlePolling, ModelControl):
                 auth_token=self.auth_token,
                 job_ttl_s=self.job_ttl_s,
                 model_control_mode=self.model_control_mode,
+                max_override_models=self.max_override_models,
             ),
             graceful_shutdown_s=self.drain_timeout_s,
             idle_poll_us=self.idle_poll_us,

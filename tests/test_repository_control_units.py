@@ -11,7 +11,7 @@ from pathlib import Path
 import msgpack
 import pytest
 from sluice.gateway.metadata import repository_index
-from sluice.gateway.model_loads import check_load, load_outcome
+from sluice.gateway.model_loads import check_load, load_fleet_wide, load_outcome
 from sluice.gateway.model_table import ModelTable, ModelView
 from sluice.shared import keys
 from sluice.shared.errors import InvalidInput
@@ -29,6 +29,7 @@ from sluice.shared.registry import (
 from sluice.shared.repository import fingerprint
 from sluice.shared.repository_control import (
     DesiredModel,
+    OverridesFull,
     announce_command,
     declare,
     load_model_problem,
@@ -155,6 +156,31 @@ def test_desired_states_and_their_files_round_trip(redis_url: str) -> None:
             assert await read_files(redis, "m") == files
             await declare(redis, "m", loaded=True)  # a plain load drops the files
             assert await read_files(redis, "m") == {}
+        finally:
+            await redis.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_the_fleet_keeps_the_files_of_so_many_models_at_most(redis_url: str) -> None:
+    async def scenario() -> None:
+        redis = async_client(redis_url)
+        files = {"file:1/model.py": b"x"}
+        try:
+            for name in ("a", "b"):
+                await declare(redis, name, loaded=True, files=files, max_file_models=2)
+            await declare(redis, "a", loaded=True, files=files, max_file_models=2)  # a reload
+            before = await redis.get(keys.DESIRED_GENERATION)
+            with pytest.raises(OverridesFull):
+                await declare(redis, "c", loaded=True, files=files, max_file_models=2)
+            with pytest.raises(InvalidInput, match=r"'c'.*2 models.*--max-override-models"):
+                await load_fleet_wide(redis, "c", "{}", files, 1.0, 2)
+            assert await redis.get(keys.DESIRED_GENERATION) == before  # nothing written
+            assert set(await read_desired(redis)) == {"a", "b"}
+            await declare(redis, "c", loaded=True, max_file_models=2)  # no files: no limit
+            await declare(redis, "b", loaded=False, max_file_models=2)  # unloaded: room again
+            await declare(redis, "c", loaded=True, files=files, max_file_models=2)
+            assert await read_files(redis, "c") == files
         finally:
             await redis.aclose()
 
