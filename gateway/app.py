@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hmac
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import parse_qsl
 
 import orjson
+from sluice.gateway.bearer import REFUSAL as BEARER_REFUSAL
+from sluice.gateway.bearer import bearer_matches
 from sluice.gateway.bulk_api import BulkUpload
 from sluice.gateway.core import GatewayCore, GatewayLimits, InferOutcome, RestInfer
 from sluice.gateway.generate import GenerateInfer, generate, generate_stream
 from sluice.gateway.job_operations import JobEvent, JobOperations, JobResponses, JobState
 from sluice.gateway.outage import RETRY_AFTER_S
+from sluice.gateway.restricted_apis import http_category, http_refusal
 from sluice.gateway.routing import Route, Router
 from sluice.shared.bulk import BulkStatus
 from sluice.shared.errors import (
@@ -165,7 +167,8 @@ class GatewayApp:
     def __init__(self, core: GatewayCore, jobs: JobOperations, limits: GatewayLimits) -> None:
         self.core = core
         self.jobs = jobs
-        self.auth_token = limits.auth_token
+        self.auth_token = None if limits.auth_token is None else limits.auth_token.encode()
+        self.restrictions = limits.http_restrictions
         self.router = Router(self._routes())
 
     def _routes(self) -> list[Route]:
@@ -222,17 +225,33 @@ class GatewayApp:
             return http_error(exc, request)
 
     def precheck(self, method: str, path: str, headers: dict[bytes, bytes]) -> HttpResponse | None:
-        """The answer a request gets whatever its body (401, or 404 outside /v2), or None:
-        the HTTP server refuses such a request before an `Expect: 100-continue` body."""
+        """The answer a request gets whatever its body (403 for a restricted API, 401, or 404
+        outside /v2), or None: the HTTP server refuses such a request before an
+        `Expect: 100-continue` body."""
+        if self.restrictions:
+            refusal = self._restricted(path, headers)
+            if refusal is not None:
+                return refusal
         token = self.auth_token
-        if token is not None and not path.startswith("/v2/health/"):
-            given = headers.get(b"authorization", b"")
-            if not hmac.compare_digest(given, b"Bearer " + token.encode()):
-                message = "missing or invalid bearer token (Authorization: Bearer ...)"
-                return error_response(Unauthorized(message))
+        if (
+            token is not None
+            and not path.startswith("/v2/health/")
+            and not bearer_matches(headers.get(b"authorization"), token)
+        ):
+            return error_response(Unauthorized(BEARER_REFUSAL))
         if path.strip("/").split("/", 1)[0] != "v2":
             return error_response(UnknownRoute(f"unknown path {path}"))
         return None
+
+    def _restricted(self, path: str, headers: dict[bytes, bytes]) -> HttpResponse | None:
+        """Triton's 403 for a request to a restricted category without its header."""
+        category = http_category(path)
+        restriction = self.restrictions.get(category) if category is not None else None
+        if restriction is None:
+            return None
+        if restriction.satisfied_by(headers.get(restriction.header.lower().encode())):
+            return None
+        return json_response({"error": http_refusal(restriction)}, 403)
 
     # -- server ------------------------------------------------------------------------------
 

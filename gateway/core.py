@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sluice.gateway import metadata
@@ -21,6 +21,7 @@ from sluice.gateway.model_loads import check_load, failed_to_poll, load_fleet_wi
 from sluice.gateway.model_table import ModelTable, ModelView, no_versions
 from sluice.gateway.outage import RETRY_AFTER_S
 from sluice.gateway.outbox import Route
+from sluice.gateway.restricted_apis import Restrictions
 from sluice.shared import keys
 from sluice.shared.bulk import BulkStatus
 from sluice.shared.ensemble import is_ensemble
@@ -56,6 +57,12 @@ class GatewayLimits:
     request_timeout_s: float = 300.0
     #: when set, every request but the health probes needs `Authorization: Bearer <token>`.
     auth_token: str | None = None
+    #: Triton's restricted APIs: category -> the header its requests must carry, on the HTTP
+    #: port (--http-restricted-api) and the gRPC port (--grpc-restricted-protocol).
+    http_restrictions: Restrictions = field(default_factory=dict)
+    grpc_restrictions: Restrictions = field(default_factory=dict)
+    #: when set, the metrics port needs `Authorization: Bearer <token>` (Triton's has no auth).
+    metrics_auth_token: str | None = None
     #: how long a job and its result are kept.
     job_ttl_s: int = 3600
     #: Triton's --model-control-mode; only "explicit" takes repository loads and unloads.

@@ -9,13 +9,13 @@ The messages and the servicer base come generated with the tritonclient wheel.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn, TypeVar
 
 import grpc
 from google.protobuf.json_format import ParseDict, ParseError
+from sluice.gateway.bearer import bearer_matches
 from sluice.gateway.core import EMPTY_FINAL_RESPONSE, GatewayCore, InferOutcome, StreamedResponse
 from sluice.gateway.grpc_codec import GrpcInfer, infer_response, parameter_values
 from sluice.shared.errors import (
@@ -96,7 +96,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     def __init__(self, core: GatewayCore, auth_token: str | None) -> None:
         self.core = core
-        self._expected = None if auth_token is None else ("Bearer " + auth_token).encode()
+        self._token = None if auth_token is None else auth_token.encode()
 
     # -- what every RPC goes through ---------------------------------------------------------
 
@@ -114,13 +114,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         raise AssertionError("context.abort returned")  # it raises; this tells type checkers
 
     def _authorize(self, context: Any) -> None:
-        if self._expected is None:
+        if self._token is None:
             return
         for key, value in context.invocation_metadata() or ():
-            if key == "authorization":
-                given = value.encode() if isinstance(value, str) else value
-                if hmac.compare_digest(given, self._expected):
-                    return
+            if key == "authorization" and bearer_matches(value, self._token):
+                return
         raise Unauthorized("missing or invalid bearer token (authorization: Bearer ...)")
 
     # -- server ------------------------------------------------------------------------------

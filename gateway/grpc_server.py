@@ -3,19 +3,22 @@ the gateway's own event loop, beside the HTTP server."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
-from sluice.gateway.core import GatewayCore
+from sluice.gateway.core import GatewayCore, GatewayLimits
 from sluice.gateway.grpc_app import InferenceServicer
 from sluice.gateway.grpc_health import health_handler
 from sluice.gateway.grpc_options import GrpcOptions
+from sluice.gateway.restricted_apis import Restriction, Restrictions, grpc_category, grpc_refusal
 from tritonclient.grpc import service_pb2 as pb
 
 #: grpc core's compression levels (grpc_compression_level), as Triton's option names them.
 COMPRESSION_LEVELS: dict[str, int] = {"none": 0, "low": 1, "medium": 2, "high": 3}
 
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+Status = grpc.StatusCode
 
 #: the RPCs grpc core matches as registered methods (the rest reach the servicer through the
 #: generic handler). grpc.aio keeps one pending call per registered method and, for every
@@ -45,6 +48,37 @@ def service_handlers(servicer: InferenceServicer) -> dict[str, Any]:
     }
 
 
+class RestrictedProtocols(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Triton's --grpc-restricted-protocol: an RPC of a restricted category without its
+    `triton-grpc-protocol-<key>` metadata is refused with UNAVAILABLE before its handler runs
+    (Triton: src/grpc/grpc_server.cc)."""
+
+    def __init__(self, restrictions: Restrictions) -> None:
+        self.restrictions = restrictions
+
+    async def intercept_service(
+        self, continuation: Callable[[Any], Awaitable[Any]], handler_call_details: Any
+    ) -> Any:
+        handler = await continuation(handler_call_details)
+        category = grpc_category(handler_call_details.method)
+        restriction = self.restrictions.get(category) if category is not None else None
+        if handler is None or restriction is None:
+            return handler
+        for key, value in handler_call_details.invocation_metadata or ():
+            if key == restriction.header and restriction.satisfied_by(value):
+                return handler
+        return _refusal(handler, restriction)
+
+
+def _refusal(handler: Any, restriction: Restriction) -> Any:
+    """A handler of `handler`'s kind that answers Triton's refusal without reading the request."""
+
+    async def refuse(request: Any, context: Any) -> None:
+        await context.abort(Status.UNAVAILABLE, grpc_refusal(restriction))
+
+    return HANDLER_KINDS[handler.request_streaming, handler.response_streaming](refuse)
+
+
 def _address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -55,20 +89,22 @@ class GrpcPort:
     from `start()`."""
 
     def __init__(
-        self, core: GatewayCore, options: GrpcOptions, host: str, auth_token: str | None
+        self, core: GatewayCore, options: GrpcOptions, host: str, limits: GatewayLimits
     ) -> None:
         self.address = _address(host, options.port)
         self._started = False
+        restricted = limits.grpc_restrictions
         self.server: Any = grpc.aio.server(
+            interceptors=[RestrictedProtocols(restricted)] if restricted else None,
             options=[
                 ("grpc.max_receive_message_length", options.max_message_bytes),
                 ("grpc.max_send_message_length", -1),
                 # a port already taken must fail here, not be shared with its owner
                 ("grpc.so_reuseport", 0),
                 ("grpc.default_compression_level", COMPRESSION_LEVELS[options.compression]),
-            ]
+            ],
         )
-        handlers = service_handlers(InferenceServicer(core, auth_token))
+        handlers = service_handlers(InferenceServicer(core, limits.auth_token))
         generic = grpc.method_handlers_generic_handler(SERVICE.full_name, handlers)
         self.server.add_generic_rpc_handlers((generic, health_handler(core.ready)))
         registered = {name: handlers[name] for name in REGISTERED_RPCS}

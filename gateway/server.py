@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sluice.gateway.app import GatewayApp
+from sluice.gateway.bearer import BearerGuard
 from sluice.gateway.bulk_api import BulkApi
 from sluice.gateway.core import GatewayCore, GatewayLimits
 from sluice.gateway.dispatcher import Dispatcher
@@ -88,7 +89,7 @@ async def serve_gateway(
     core = GatewayCore(dispatcher, table, config.limits, bulk)
     app = GatewayApp(core, JobOperations(core, jobs), config.limits)
     http = HttpServer(app, config.limits.max_body_bytes, app.precheck)
-    metrics = HttpServer(MetricsApp(redis, table))
+    metrics = _metrics_port(MetricsApp(redis, table), config.limits.metrics_auth_token)
     stop = stop or _stop_on_signal(config.graceful_shutdown_s, http)
     background = [
         asyncio.create_task(dispatcher.replies.run(), name="replies"),
@@ -135,7 +136,16 @@ def _grpc_port(core: GatewayCore, config: GatewayConfig) -> GrpcPort | None:
         return None
     from sluice.gateway.grpc_server import GrpcPort
 
-    return GrpcPort(core, config.grpc, config.host, config.limits.auth_token)
+    return GrpcPort(core, config.grpc, config.host, config.limits)
+
+
+def _metrics_port(app: MetricsApp, token: str | None) -> HttpServer:
+    """The metrics port: open, as Triton's is (Prometheus scrapes it), unless
+    --metrics-auth-token asks scrapers for a token."""
+    if token is None:
+        return HttpServer(app)
+    guard = BearerGuard(app, token)
+    return HttpServer(guard, precheck=guard.precheck)
 
 
 def _stop_on_signal(drain_timeout_s: float, http: HttpServer) -> asyncio.Event:

@@ -12,10 +12,13 @@ import dataclasses
 from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlsplit
 
 from sluice.gateway.grpc_options import CompressionLevel
-from sluice.options import Settings, SettingsError, at_least, option, port, positive
+from sluice.gateway.restricted_apis import GRPC_HEADER_PREFIX, Restrictions, parse_restrictions
+from sluice.options import Check, Settings, SettingsError, at_least, option, port, positive
 from sluice.preflight import shown_url, unknown_scheme
+from sluice.secret_options import one_secret, with_password
 from sluice.shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DRAIN_TIMEOUT_HELP
 from sluice.shared.idle_poll import DEFAULT_WINDOW_US
 from sluice.shared.repository_control import ControlMode, load_model_problem
@@ -44,6 +47,82 @@ def redis_url(help: str, default: Any = MISSING) -> Any:
 def comma_list(text: str) -> tuple[str, ...] | None:
     """`a, b` -> ("a", "b"); an empty list is None (every model)."""
     return tuple(m.strip() for m in text.split(",") if m.strip()) or None
+
+
+#: the ways to give a secret that keep it out of `ps`, for the help of options that take one.
+OUT_OF_ARGV = "(the command line shows in `ps`: prefer {} or {})"
+
+
+def secret_help(text: str, variable: str, file_flag: str) -> str:
+    return f"{text} {OUT_OF_ARGV.format(variable, file_flag)}"
+
+
+#: Triton's restricted-API flags: flag -> (its word in Triton's errors, the header prefix).
+RESTRICTION_FLAGS = {
+    "--http-restricted-api": ("api", ""),
+    "--grpc-restricted-protocol": ("protocol", GRPC_HEADER_PREFIX),
+}
+
+
+def restrictions(flag: str, specs: tuple[str, ...]) -> Restrictions:
+    kind, prefix = RESTRICTION_FLAGS[flag]
+    return parse_restrictions(specs, flag, kind, prefix)
+
+
+def restriction_check(flag: str) -> Check:
+    """What is wrong with a restricted-API flag's values, in Triton's words."""
+
+    def check(specs: tuple[str, ...]) -> str | None:
+        try:
+            restrictions(flag, specs)
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    return check
+
+
+def restricted_option(flag: str, help: str) -> Any:
+    return option((), help=help, repeat=True, check=restriction_check(flag), shown=" ".join)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RedisPassword(Settings):
+    """The Redis password apart from --redis-url, folded into the URL once built (the
+    settings a parent hands its children carry the URL alone)."""
+
+    redis_password: str | None = option(
+        None,
+        help=secret_help(
+            "Password of the --redis-url's Redis.",
+            "SLUICE_REDIS_PASSWORD",
+            "--redis-password-file",
+        ),
+    )
+    redis_password_file: Path | None = option(
+        None, help="A file holding the Redis password (its line end dropped)."
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        password = one_secret(
+            self.redis_password,
+            self.redis_password_file,
+            "--redis-password",
+            "--redis-password-file",
+        )
+        if password is None:
+            return
+        url: str | None = getattr(self, "redis_url", None)
+        if url is None:
+            message = "--redis-password: needs --redis-url (the embedded Redis takes none)"
+            raise SettingsError("--redis-password", message)
+        if urlsplit(url).password is not None:
+            message = f"--redis-password: --redis-url {shown_url(url)} holds one already"
+            raise SettingsError("--redis-password", message)
+        object.__setattr__(self, "redis_url", with_password(url, password))
+        object.__setattr__(self, "redis_password", None)
+        object.__setattr__(self, "redis_password_file", None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,7 +192,39 @@ class GatewayOptions(ProcessSettings, IdlePolling, ModelControl):
         check=at_least(1),
     )
     auth_token: str | None = option(
-        None, help="Require 'Authorization: Bearer <token>' on every request but the health probes."
+        None,
+        help=secret_help(
+            "Require 'Authorization: Bearer <token>' on every request but the health probes.",
+            "SLUICE_AUTH_TOKEN",
+            "--auth-token-file",
+        ),
+    )
+    auth_token_file: Path | None = option(
+        None, help="A file holding the --auth-token (its line end dropped)."
+    )
+    metrics_auth_token: str | None = option(
+        None,
+        help="Require 'Authorization: Bearer <token>' on the metrics port too, which is open "
+        "by default as Triton's is (--auth-token does not cover it).",
+    )
+    http_restricted_api: tuple[str, ...] = restricted_option(
+        "--http-restricted-api",
+        "Triton's <category>[,<category>...]:<key>=<value>: requests to those endpoint groups "
+        "need header <key> with <value>, else 403 (repeat for more groups). Categories: health, "
+        "metadata, inference, shared-memory, model-config, model-repository, statistics, "
+        "trace, logging.",
+    )
+    grpc_restricted_protocol: tuple[str, ...] = restricted_option(
+        "--grpc-restricted-protocol",
+        "Triton's <category>[,<category>...]:<key>=<value> for gRPC: those RPCs need metadata "
+        "triton-grpc-protocol-<key> with <value>, else UNAVAILABLE (repeat for more groups).",
+    )
+    max_override_models: int = option(
+        64,
+        help="Models loaded from a load's 'file:' overrides that the fleet holds at once (their "
+        "files are kept in Redis until the model is unloaded); one more is refused with 400. "
+        "0: no limit.",
+        check=at_least(0),
     )
     max_override_models: int = option(
         64,
@@ -142,8 +253,16 @@ class GatewayOptions(ProcessSettings, IdlePolling, ModelControl):
         check=at_least(0),
     )
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        token = one_secret(
+            self.auth_token, self.auth_token_file, "--auth-token", "--auth-token-file"
+        )
+        object.__setattr__(self, "auth_token", token)
+        object.__setattr__(self, "auth_token_file", None)
+
     def gateway_config(self, redis_url: str) -> GatewayConfig:
-        from sluice.gateway.app import GatewayLimits
+        from sluice.gateway.core import GatewayLimits
         from sluice.gateway.grpc_options import GrpcOptions
         from sluice.gateway.outage import OutagePolicy
         from sluice.gateway.server import GatewayConfig
@@ -162,6 +281,11 @@ class GatewayOptions(ProcessSettings, IdlePolling, ModelControl):
                 max_body_bytes=self.max_body_bytes,
                 request_timeout_s=self.request_timeout_s,
                 auth_token=self.auth_token,
+                http_restrictions=restrictions("--http-restricted-api", self.http_restricted_api),
+                grpc_restrictions=restrictions(
+                    "--grpc-restricted-protocol", self.grpc_restricted_protocol
+                ),
+                metrics_auth_token=self.metrics_auth_token,
                 job_ttl_s=self.job_ttl_s,
                 model_control_mode=self.model_control_mode,
                 max_override_models=self.max_override_models,
@@ -175,7 +299,7 @@ class GatewayOptions(ProcessSettings, IdlePolling, ModelControl):
 
 
 @dataclass(frozen=True, kw_only=True)
-class GatewaySettings(GatewayOptions):
+class GatewaySettings(GatewayOptions, RedisPassword):
     """`sluice gateway`: one stateless gateway against a shared Redis."""
 
     redis_url: str = redis_url("Redis the workers queue on.")
@@ -243,7 +367,7 @@ class BatchingOptions(ProcessSettings, IdlePolling, ModelControl):
 
 
 @dataclass(frozen=True, kw_only=True)
-class WorkerSettings(BatchingOptions):
+class WorkerSettings(BatchingOptions, RedisPassword):
     """`sluice worker`: one worker process serving the repository's models."""
 
     redis_url: str = redis_url("Redis the gateways queue on.")
@@ -284,7 +408,7 @@ class WorkerSettings(BatchingOptions):
 
 
 @dataclass(frozen=True, kw_only=True)
-class JobsWorkerSettings(ProcessSettings):
+class JobsWorkerSettings(ProcessSettings, RedisPassword):
     """`sluice jobs worker`: an rq worker running bulk jobs."""
 
     redis_url: str | None = redis_url(
@@ -295,7 +419,7 @@ class JobsWorkerSettings(ProcessSettings):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ServeSettings(GatewayOptions, BatchingOptions):
+class ServeSettings(GatewayOptions, BatchingOptions, RedisPassword):
     """`sluice serve`: Redis (if needed), workers and a gateway in one command."""
 
     redis_url: str | None = redis_url(

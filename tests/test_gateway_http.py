@@ -104,3 +104,13 @@ def test_head_is_a_get_without_the_body(gateway: Service) -> None:
         assert headers[b"content-length"] == get_headers[b"content-length"] == b"%d" % len(body)
         conn.sendall(b"GET /v2/health/live HTTP/1.1\r\n\r\n")  # nothing came between
         assert _read_response(conn)[0] == b"HTTP/1.1 200 OK"
+
+
+def test_the_metrics_port_is_open_by_default_as_tritons_is(gateway: Service) -> None:
+    """--auth-token guards the API, not the metrics port Prometheus scrapes (unless
+    --metrics-auth-token is given: tests/test_restricted_apis.py)."""
+    host, port = gateway.metrics_url.split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        conn.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+        status_line, _, body = _read_response(conn)
+        assert status_line == b"HTTP/1.1 200 OK" and b"nv_inference_count" in body

@@ -209,3 +209,182 @@ def test_handed_down_settings_that_are_not_json_or_not_known_are_refused() -> No
         result = _collect(WorkerSettings, [], {WORKER_SETTINGS_ENV: text}, WORKER_SETTINGS_ENV)
         assert result.exit_code == 2
         assert result.output.startswith(f"sluice: {WORKER_SETTINGS_ENV}: {reason}")
+
+
+# ---------------------------------------------------------------- secrets out of argv
+
+
+def test_the_auth_token_comes_from_a_file_without_its_line_end(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret\n")
+    args = ["--redis-url", URL, "--auth-token-file", str(token_file)]
+    settings = _collect(GatewaySettings, args)
+    assert (settings.auth_token, settings.auth_token_file) == ("s3cret", None)
+    from_env = _collect(
+        GatewaySettings, ["--redis-url", URL], {"SLUICE_AUTH_TOKEN_FILE": str(token_file)}
+    )
+    assert from_env.auth_token == "s3cret"
+
+
+def test_the_auth_token_comes_from_the_environment_and_the_command_line_wins() -> None:
+    env = {"SLUICE_AUTH_TOKEN": "from-env"}
+    assert _collect(GatewaySettings, ["--redis-url", URL], env).auth_token == "from-env"
+    args = ["--redis-url", URL, "--auth-token", "from-argv"]
+    assert _collect(GatewaySettings, args, env).auth_token == "from-argv"
+
+
+def test_a_token_given_both_directly_and_in_a_file_is_refused(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("one")
+    args = ["--redis-url", URL, "--auth-token-file", str(token_file)]
+    result = _collect(GatewaySettings, args, {"SLUICE_AUTH_TOKEN": "two"})
+    assert result.exit_code == 2
+    assert result.output == "sluice: --auth-token-file: give it or --auth-token, not both\n"
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [(None, "cannot read it (No such file or directory)"), ("\n", "the file is empty")],
+    ids=["missing", "empty"],
+)
+def test_a_secret_file_that_cannot_be_used_is_a_one_line_error(
+    tmp_path: Path, content: str | None, reason: str
+) -> None:
+    path = tmp_path / "secret"
+    if content is not None:
+        path.write_text(content)
+    for cls, flag, required in (
+        (GatewaySettings, "--auth-token-file", ["--redis-url", URL]),
+        (WorkerSettings, "--redis-password-file", ["--redis-url", URL, "--model-repository", "/m"]),
+    ):
+        result = _collect(cls, [*required, flag, str(path)])
+        assert (result.exit_code, result.output) == (2, f"sluice: {flag} {path}: {reason}\n")
+
+
+def test_a_secret_path_that_is_not_a_readable_file_names_its_option(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError) as error:
+        GatewaySettings(redis_url=URL, auth_token_file=tmp_path)
+    assert str(error.value) == f"--auth-token-file {tmp_path}: cannot read it (Is a directory)"
+
+
+def test_the_redis_password_goes_into_the_url_that_serve_hands_its_children(
+    tmp_path: Path,
+) -> None:
+    password_file = tmp_path / "password"
+    password_file.write_text("p@ss:w/rd\n")
+    args = ["--model-repository", "/m", "--redis-url", "redis://user@h:6379/0"]
+    serve = _collect(ServeSettings, [*args, "--redis-password-file", str(password_file)])
+    url = "redis://user:p%40ss%3Aw%2Frd@h:6379/0"
+    assert (serve.redis_url, serve.redis_password, serve.redis_password_file) == (url, None, None)
+    handed = serve.worker_settings(serve.redis_url).to_json_dict()
+    assert handed["redis_url"] == url and handed["redis_password_file"] is None
+    env = {"SLUICE_REDIS_PASSWORD": "p@ss:w/rd"}
+    assert _collect(ServeSettings, args, env).redis_url == url
+    sentinel = "redis+sentinel://h1:26379,h2:26379/main"
+    assert (
+        JobsWorkerSettings(redis_url=sentinel, redis_password="pw").redis_url
+        == "redis+sentinel://:pw@h1:26379,h2:26379/main"
+    )
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (
+            lambda: GatewaySettings(redis_url="redis://:old@h:1", redis_password="new"),
+            "--redis-password: --redis-url redis://:***@h:1 holds one already",
+        ),
+        (
+            lambda: ServeSettings(model_repository=REPO, redis_password="pw"),
+            "--redis-password: needs --redis-url (the embedded Redis takes none)",
+        ),
+        (
+            lambda: WorkerSettings(
+                model_repository=REPO,
+                redis_url=URL,
+                redis_password="a",
+                redis_password_file=Path("/f"),
+            ),
+            "--redis-password-file: give it or --redis-password, not both",
+        ),
+    ],
+    ids=["password twice", "embedded redis", "password and file"],
+)
+def test_a_redis_password_that_cannot_be_used_is_refused(build: Any, message: str) -> None:
+    with pytest.raises(SettingsError) as error:
+        build()
+    assert str(error.value) == message
+
+
+# ---------------------------------------------------------------- Triton's restricted APIs
+
+
+def test_restricted_api_flags_repeat_and_reach_the_gateway_config() -> None:
+    args = [
+        "--redis-url",
+        URL,
+        "--http-restricted-api",
+        "model-repository,model-config:admin-key=a=b",
+        "--http-restricted-api",
+        "inference:infer-key=i",
+        "--grpc-restricted-protocol",
+        "model-repository:admin-key=g",
+        "--metrics-auth-token",
+        "m",
+    ]
+    limits = _collect(GatewaySettings, args).config().limits
+    assert {c: (r.header, r.value) for c, r in limits.http_restrictions.items()} == {
+        "model-repository": ("admin-key", "a=b"),
+        "model-config": ("admin-key", "a=b"),
+        "inference": ("infer-key", "i"),
+    }
+    assert {c: (r.header, r.value) for c, r in limits.grpc_restrictions.items()} == {
+        "model-repository": ("triton-grpc-protocol-admin-key", "g"),
+    }
+    assert limits.metrics_auth_token == "m"
+
+
+@pytest.mark.parametrize(
+    ("flag", "specs", "triton_says"),
+    [
+        ("--http-restricted-api", ["health,nap:k=v"], "unknown restricted api 'nap'"),
+        ("--grpc-restricted-protocol", ["nap:k=v"], "unknown restricted protocol 'nap'"),
+        (
+            "--http-restricted-api",
+            ["health:k=v", "metadata,health:j=w"],
+            "restricted api 'health' can not be specified in multiple config groups",
+        ),
+        (
+            "--grpc-restricted-protocol",
+            ["inference:k"],
+            "--grpc-restricted-protocol option format is '<config name>:<setting>=<value>'. "
+            "Got inference:k",
+        ),
+        (
+            "--http-restricted-api",
+            ["inference:k="],
+            "--http-restricted-api option format is '<config name>:<setting>=<value>'. "
+            "Got inference:k=",
+        ),
+    ],
+)
+def test_a_bad_restricted_api_flag_is_refused_in_tritons_words(
+    flag: str, specs: list[str], triton_says: str
+) -> None:
+    args = ["--redis-url", URL, *(word for spec in specs for word in (flag, spec))]
+    result = _collect(GatewaySettings, args)
+    assert result.exit_code == 2
+    assert result.output == f"sluice: {flag} {' '.join(specs)}: {triton_says}\n"
+
+
+@pytest.mark.parametrize("command", ["serve", "gateway"])
+def test_serve_and_gateway_both_take_the_access_flags(command: str) -> None:
+    result = CliRunner().invoke(main, [command, "--help"])
+    flags = {word.rstrip(",") for word in result.output.split() if word.startswith("--")}
+    assert {
+        "--http-restricted-api",
+        "--grpc-restricted-protocol",
+        "--auth-token-file",
+        "--metrics-auth-token",
+        "--redis-password-file",
+    } <= flags
