@@ -7,13 +7,15 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import redis
-from sluice.shared.bulk import bulk_status, submit_bulk
+from sluice.shared.bulk import bulk_queue, bulk_status, submit_bulk
 from sluice.shared.drain_deadline import CUT_SHORT_STATUS
+from sluice.workers.bulk import BulkWorker
 
 from tests.conftest import start_sluice, wait_until
 from tests.process_tree import alive
@@ -80,3 +82,33 @@ def test_a_worker_stopped_mid_job_exits_at_its_deadline(tmp_path: Path, redis_ur
             service.pump.join(10)
             assert service.process.stdout is not None
             service.process.stdout.close()
+
+
+def test_unsubscribing_ends_even_when_the_listener_reads_the_reply_first(redis_url: str) -> None:
+    """rq's teardown sends UNSUBSCRIBE, then stops its pub/sub thread, which redis-py 8.2 joins
+    with no timeout. When the thread reads the UNSUBSCRIBE reply before it is told to stop, it
+    goes back to waiting for a subscription, as long as its poll: rq's 60 s, past any drain."""
+    connection = redis.Redis.from_url(redis_url)
+    worker = BulkWorker(
+        [bulk_queue(connection)],
+        connection=connection,
+        serializer=bulk_queue(connection).serializer,
+    )
+    worker.subscribe()
+    pubsub = worker.pubsub
+    assert pubsub is not None
+    wait_until(lambda: pubsub.subscribed, "the listener to subscribe")
+    sent = pubsub.unsubscribe
+
+    def reply_read_by_the_listener(*channels: str) -> None:
+        sent(*channels)
+        wait_until(lambda: not pubsub.subscribed, "the listener to read the reply")
+
+    pubsub.unsubscribe = reply_read_by_the_listener  # type: ignore[method-assign]
+    teardown = threading.Thread(target=worker.unsubscribe, daemon=True)
+    teardown.start()
+    teardown.join(BulkWorker.PUBSUB_POLL_S + 10)  # a hang bound, not a timing
+    try:
+        assert not teardown.is_alive(), "rq's unsubscribe waits out the listener's poll"
+    finally:
+        connection.close()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -14,7 +16,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from sluice.settings import JOBS_WORKER_SETTINGS_ENV, WORKER_SETTINGS_ENV
-from tests.conftest import free_ports, start_service, stop_service, wait_until
+from tests.conftest import HERE, free_ports, start_service, stop_service, wait_until
 from tests.process_tree import alive, descendants
 
 
@@ -118,3 +120,27 @@ def test_serve_hands_its_children_settings_not_options(model_repo: Path) -> None
         np.testing.assert_array_equal(_infer_ones(service.http_url), np.ones((1, 4)) * 2)
     finally:
         stop_service(service)
+
+
+#: well under the drain timeout (30 s), which an idle serve must never wait out.
+IDLE_STOP_BOUND_S = 10.0
+
+
+@pytest.mark.parametrize("idle_s", [0, 7, 13, 25, 40])
+def test_an_idle_serve_stops_in_seconds(tmp_path: Path, idle_s: int) -> None:
+    """Left idle for a while, a serve's processes (gateway, worker, rq worker, Redis) stop at
+    once: none of them waits for a poll or a blocking read to run out."""
+    repo = tmp_path / "models"
+    shutil.copytree(HERE / "model_repo" / "batch8", repo / "batch8")
+    service = start_service(["--model-repository", str(repo)])
+    time.sleep(idle_s)  # the idle spell is the scenario, not a wait for some state
+    started = time.monotonic()
+    service.process.send_signal(signal.SIGTERM)
+    try:
+        code = service.process.wait(60)
+    finally:
+        stopped_s = time.monotonic() - started
+        stop_service(service)
+    assert code == 0
+    assert stopped_s < IDLE_STOP_BOUND_S, "".join(service.log[-30:])
+    assert "drain timeout" not in "".join(service.log)

@@ -28,6 +28,7 @@ from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 from sluice.shared import keys
 from sluice.shared.bulk import bulk_queue
+from sluice.shared.bulk_arrays import MAX_BYTES
 from sluice.shared.bulk_files import Item, read_items, write_output
 from sluice.shared.drain_deadline import DrainDeadline
 from sluice.shared.lua import Lua
@@ -81,6 +82,8 @@ class BulkSpec:
     counted: bool
     ttl_s: int
     signature: Signature
+    #: how far its `.npz` may inflate: the limit the upload was checked against.
+    max_bytes: int = MAX_BYTES
 
     @classmethod
     def load(cls, connection: redis.Redis, bulk_id: str) -> BulkSpec:
@@ -98,6 +101,7 @@ class BulkSpec:
             raw[b"counted"] == b"1",
             int(raw[b"ttl"]),
             Signature.from_config(orjson.loads(raw[b"config"])),
+            int(raw.get(b"max_bytes", MAX_BYTES)),
         )
 
     def key(self, part: str) -> str:
@@ -134,7 +138,9 @@ class BulkFeeder:
 
     def _run(self) -> dict[str, int | str]:
         data = cast("bytes | None", self.redis.get(self.spec.key("input")))
-        items = read_items(data or b"", self.spec.format, self.spec.signature)
+        items = read_items(
+            data or b"", self.spec.format, self.spec.signature, max_bytes=self.spec.max_bytes
+        )
         self.done = {int(i) for i in self.redis.hkeys(self.spec.key("results"))}
         self.failed = int(self.redis.scard(self.spec.key("failed")))
         self.fed = int(self.redis.get(keys.bulk_fed(self.spec.model, self.spec.id)) or 0)
@@ -273,6 +279,9 @@ class BulkWorker(SimpleWorker):
     #: bounds rq's warm shutdown, which would wait for the running job however long it feeds.
     drain: DrainDeadline | None = None
     _running_job: str | None = None
+    #: how long the pub/sub listener waits for a message (or a subscription) between checks
+    #: that it was told to stop.
+    PUBSUB_POLL_S = 1.0
 
     @property
     def dequeue_timeout(self) -> int:
@@ -288,6 +297,21 @@ class BulkWorker(SimpleWorker):
             return super().execute_job(job, queue)
         finally:
             self._running_job = None
+
+    def subscribe(self) -> None:
+        """rq's, with a listener that polls every PUBSUB_POLL_S rather than rq's 60 s. rq's
+        teardown sends UNSUBSCRIBE and then stops the listener, which redis-py (8.2) joins with
+        no timeout: a listener that read the reply first waits its whole poll for a subscription,
+        and an idle worker then outlived its drain timeout."""
+        self.log.info("Worker %s: subscribing to channel %s", self.name, self.pubsub_channel_name)
+        self.pubsub = self.connection.pubsub()
+        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
+        # rq's __init__ types the attribute by its initial None
+        self.pubsub_thread = self.pubsub.run_in_thread(  # type: ignore[assignment]
+            sleep_time=self.PUBSUB_POLL_S,
+            daemon=True,
+            exception_handler=self._pubsub_exception_handler,
+        )
 
     def request_stop(self, signum: int, frame: FrameType | None) -> None:
         if self.drain is not None:
