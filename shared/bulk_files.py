@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+from sluice.shared.bulk_arrays import MAX_BYTES, load_npy, load_npz
 from sluice.shared.datatypes import (
     NUMPY_DTYPE,
     deserialize_bytes_elements,
@@ -64,32 +65,24 @@ def check_output_shapes(sig: Signature, fmt: str) -> None:
             )
 
 
-def read_items(data: bytes, fmt: str, sig: Signature) -> list[Item]:
-    """Every item of the file, validated against the model; errors name the field or line."""
+def read_items(data: bytes, fmt: str, sig: Signature, *, max_bytes: int = MAX_BYTES) -> list[Item]:
+    """Every item of the file, validated against the model; errors name the field or line.
+    An `.npz`'s arrays may inflate to `max_bytes` in all (--max-body-bytes), no further."""
     if fmt == "jsonl":
         return _jsonl_items(data, sig)
-    return _array_items(_arrays(data, fmt, sig), sig)
+    return _array_items(_arrays(data, fmt, sig, max_bytes), sig)
 
 
-def _arrays(data: bytes, fmt: str, sig: Signature) -> dict[str, np.ndarray]:
-    try:
-        loaded = np.load(io.BytesIO(data), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        raise InvalidInput(f"bulk input is not a valid .{fmt} file: {exc}") from None
-    if fmt == "npy":
-        if not isinstance(loaded, np.ndarray):
-            raise InvalidInput("bulk input is an .npz archive, not an .npy array")
-        required = [s for s in sig.inputs if not s.optional]
-        if len(required) != 1:
-            raise InvalidInput(
-                f"an .npy file feeds a model with one input; '{sig.name}' needs "
-                f"{[s.name for s in required]}: use an .npz with one array per input"
-            )
-        return {required[0].name: loaded}
-    if isinstance(loaded, np.ndarray):
-        raise InvalidInput("bulk input is an .npy array, not an .npz archive")
-    with loaded:
-        return {name: loaded[name] for name in loaded.files}
+def _arrays(data: bytes, fmt: str, sig: Signature, max_bytes: int) -> dict[str, np.ndarray]:
+    if fmt == "npz":
+        return load_npz(data, max_bytes)
+    required = [s for s in sig.inputs if not s.optional]
+    if len(required) != 1:
+        raise InvalidInput(
+            f"an .npy file feeds a model with one input; '{sig.name}' needs "
+            f"{[s.name for s in required]}: use an .npz with one array per input"
+        )
+    return {required[0].name: load_npy(data, "bulk input")}
 
 
 def _array_items(arrays: dict[str, np.ndarray], sig: Signature) -> list[Item]:
