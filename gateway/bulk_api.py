@@ -19,8 +19,10 @@ from typing import Any, TypeVar
 
 import redis
 from sluice.shared import bulk
+from sluice.shared.bulk_arrays import MAX_BYTES
 from sluice.shared.bulk_files import FORMATS
 from sluice.shared.errors import InvalidInput, Unavailable
+from sluice.shared.jobs import MAX_BULK_JOBS
 from sluice.shared.redis_client import REDIS_ERRORS, sync_client
 
 T = TypeVar("T")
@@ -57,9 +59,17 @@ async def _in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 
 
 class BulkApi:
-    def __init__(self, redis_url: str) -> None:
+    def __init__(
+        self,
+        redis_url: str,
+        max_bytes: int = MAX_BYTES,
+        max_jobs: int = MAX_BULK_JOBS,
+    ) -> None:
         self._url = redis_url
         self._redis: redis.Redis | None = None
+        #: how far an upload's arrays may inflate (--max-body-bytes), and bulk jobs kept.
+        self.max_bytes = max_bytes
+        self.max_jobs = max_jobs
 
     @property
     def redis(self) -> redis.Redis:
@@ -87,6 +97,8 @@ class BulkApi:
             bulk_id=upload.bulk_id,
             version=version,
             window=int(window),
+            max_bytes=self.max_bytes,
+            max_jobs=self.max_jobs,
         )
 
     async def status(self, bulk_id: str) -> bulk.BulkStatus:

@@ -35,6 +35,7 @@ from sluice.shared.errors import (
 )
 from sluice.shared.fleet import fleet_status
 from sluice.shared.infer_codec import ParsedInfer, decompress, parse_infer
+from sluice.shared.jobs import MAX_BULK_JOBS, MAX_JOBS
 from sluice.shared.partitions import share
 from sluice.shared.protocol import Request, Result, Tensor
 from sluice.shared.queue_policy import DEADLINE, PRIORITY, TIMEOUT, deadline_us
@@ -65,6 +66,9 @@ class GatewayLimits:
     metrics_auth_token: str | None = None
     #: how long a job and its result are kept.
     job_ttl_s: int = 3600
+    #: jobs and bulk jobs kept fleet-wide at once (0: no limit).
+    max_jobs: int = MAX_JOBS
+    max_bulk_jobs: int = MAX_BULK_JOBS
     #: Triton's --model-control-mode; only "explicit" takes repository loads and unloads.
     model_control_mode: str = "none"
     #: models whose `file:` overrides the fleet keeps in Redis at once (0: no limit).

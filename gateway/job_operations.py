@@ -17,6 +17,7 @@ from sluice.gateway.jobs import MAX_WAIT_S, Job, JobStore, new_job_id
 from sluice.shared import keys
 from sluice.shared.errors import Conflict, JobNotFound
 from sluice.shared.infer_codec import ParsedInfer, encode_response
+from sluice.shared.jobs import request_digest
 from sluice.shared.protocol import Request, Result, job_event
 
 #: an event of a job being followed: (name, data), or None while it is still waiting.
@@ -65,7 +66,8 @@ class JobOperations:
         self.store = store
 
     async def submit(self, model: str, version: str | None, infer: InferInput) -> JobState:
-        """Queue the request as a job (idempotent on the client's `id`)."""
+        """Queue the request as a job. The client's `id` is an idempotency key: the same id
+        with the same request is the job already there, with another request a Conflict."""
         view = await self.core.view(model, version)
         prepared = self.core.prepare(view, version, infer)
         parsed = prepared.request
@@ -86,7 +88,10 @@ class JobOperations:
             "outputs": parsed.outputs,
             "binary": parsed.binary_output,
         }
-        await self.store.submit(request, prepared.route, meta)
+        digest = request_digest(
+            view.name, version or "", parsed.inputs, parsed.parameters, parsed.outputs
+        )
+        await self.store.submit(request, prepared.route, meta, digest)
         return _state(job_id, await self.store.get(job_id))
 
     async def get(self, job_id: str, wait_s: float = 0.0) -> JobState | InferOutcome | JobResponses:

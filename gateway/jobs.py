@@ -22,8 +22,16 @@ from sluice.gateway.outbox import Route
 from sluice.gateway.response_order import ResponseOrder
 from sluice.shared import keys
 from sluice.shared.admission import enqueue_command, queue_full
-from sluice.shared.errors import InvalidInput, Unavailable
-from sluice.shared.jobs import CANCEL_JOB, CREATE_JOB, JOB_ID
+from sluice.shared.errors import Conflict, InvalidInput, Unavailable
+from sluice.shared.jobs import (
+    CANCEL_JOB,
+    CREATE_JOB,
+    HOLD_QUOTA,
+    JOB_ID,
+    MAX_JOBS,
+    conflict_message,
+    quota_message,
+)
 from sluice.shared.protocol import (
     Request,
     Result,
@@ -86,22 +94,39 @@ def read_job(job_id: str, entries: Entries) -> Job | None:
 
 
 class JobStore:
-    def __init__(self, redis: aioredis.Redis, waiter: aioredis.Redis, ttl_s: int) -> None:
+    def __init__(
+        self, redis: aioredis.Redis, waiter: aioredis.Redis, ttl_s: int, max_jobs: int = MAX_JOBS
+    ) -> None:
         self.redis = redis
         self.waiter = waiter
         self.ttl_s = ttl_s
+        #: jobs kept fleet-wide at most (0: no limit), each until its TTL ends.
+        self.max_jobs = max_jobs
 
-    async def submit(self, request: Request, route: Route, meta: dict[str, Any]) -> bool:
-        """Create the job and queue its request; False if the job already existed.
+    async def submit(
+        self, request: Request, route: Route, meta: dict[str, Any], digest: str
+    ) -> bool:
+        """Create the job and queue its request; False if the job already existed for the same
+        request (`digest`), Conflict if for another one.
 
-        A level with a `max_queue_size` admits the job as it admits an infer request; a job
-        it refuses is removed again, so that the same id can be submitted later.
+        A job counts against `max_jobs` until it expires (Unavailable past it). A level with a
+        `max_queue_size` admits the job as it admits an infer request; a job it refuses is
+        removed again (and no longer counted), so that the same id can be submitted later.
         """
+        counted = 0
         try:
-            created = await CREATE_JOB.run(
-                self.redis, [request.reply_to], [msgpack.packb(meta), self.ttl_s]
+            counted = await HOLD_QUOTA.run(
+                self.redis, [keys.JOBS_KEPT], [request.id, self.ttl_s, self.max_jobs]
             )
-            if not created:
+            if not counted:
+                raise Unavailable(quota_message("jobs", self.max_jobs, "--max-jobs"))
+            created = await CREATE_JOB.run(
+                self.redis, [request.reply_to], [msgpack.packb(meta), self.ttl_s, digest]
+            )
+            if created != 1:
+                await self._uncount(counted, request.id)
+                if created < 0:
+                    raise Conflict(conflict_message(request.id))
                 return False
             entry = encode_requests([request])
             if route.max_queue_size:
@@ -109,6 +134,7 @@ class JobStore:
                 (admitted,) = await self.redis.execute_command(*command)
                 if not admitted:
                     await self.redis.delete(request.reply_to)
+                    await self._uncount(counted, request.id)
                     raise Unavailable(queue_full(request.id))
             else:
                 stream = keys.request_stream(route.model, route.level)
@@ -117,6 +143,11 @@ class JobStore:
         except REDIS_ERRORS as exc:
             raise Unavailable(f"queue unavailable: {exc}", RETRY_AFTER_S) from None
         return True
+
+    async def _uncount(self, counted: int, job_id: str) -> None:
+        """Take back the count of a job this call counted (1) but did not create."""
+        if counted == 1:
+            await self.redis.zrem(keys.JOBS_KEPT, job_id)
 
     async def get(
         self, job_id: str, wait_s: float = 0.0, more_than: int | None = None

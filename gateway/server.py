@@ -84,8 +84,9 @@ async def serve_gateway(
     waiter = async_client(config.redis_url, socket_timeout_s=None)
     for client in (redis, reader, waiter):  # before the tasks and requests share them
         await initialized(client)
-    jobs = JobStore(redis, waiter, config.limits.job_ttl_s)
-    bulk = BulkApi(config.redis_url)
+    limits = config.limits
+    jobs = JobStore(redis, waiter, limits.job_ttl_s, limits.max_jobs)
+    bulk = BulkApi(config.redis_url, limits.max_body_bytes, limits.max_bulk_jobs)
     core = GatewayCore(dispatcher, table, config.limits, bulk)
     app = GatewayApp(core, JobOperations(core, jobs), config.limits)
     http = HttpServer(app, config.limits.max_body_bytes, app.precheck)

@@ -9,6 +9,7 @@ progress from the rq job's meta and the results file from Redis when it is done.
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 from dataclasses import dataclass
@@ -16,21 +17,24 @@ from typing import Any, cast
 
 import orjson
 import redis
-from redis.typing import EncodableT, FieldT
+from redis.typing import EncodableT
 from rq import Queue, Retry
 from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 from sluice.shared import keys
+from sluice.shared.bulk_arrays import MAX_BYTES
 from sluice.shared.bulk_files import check_output_shapes, read_items
 from sluice.shared.errors import (
+    Conflict,
     InvalidInput,
     JobNotFound,
     ModelNotFound,
     ModelNotReady,
     Unavailable,
 )
-from sluice.shared.jobs import JOB_ID
+from sluice.shared.jobs import HOLD_QUOTA, JOB_ID, MAX_BULK_JOBS, quota_message
+from sluice.shared.lua import Lua
 from sluice.shared.queue_policy import QueuePolicy
 from sluice.shared.redis_client import is_cluster
 from sluice.shared.registry import decode_model_record
@@ -40,6 +44,17 @@ from sluice.shared.signature import Signature
 RUN_BULK = "sluice.workers.bulk.run_bulk"
 #: requests in flight per bulk job, unless the model's max_queue_size asks for fewer.
 DEFAULT_WINDOW = 512
+#: store a bulk job's spec (ARGV[3..], field value ...) and input (ARGV[2]) with a TTL
+#: (ARGV[1]) unless its spec exists: 1 stored, 0 there already.
+CREATE_BULK = Lua(
+    """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[1])
+redis.call('HSET', KEYS[1], unpack(ARGV, 3))
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return 1
+"""
+)
 #: how often rq runs a bulk job again after its rq worker died.
 RETRIES = 5
 DEFAULT_TTL_S = 24 * 3600
@@ -113,25 +128,30 @@ def submit_bulk(
     version: int | None = None,
     window: int = DEFAULT_WINDOW,
     ttl_s: int = DEFAULT_TTL_S,
+    max_bytes: int = MAX_BYTES,
+    max_jobs: int = MAX_BULK_JOBS,
 ) -> BulkStatus:
-    """Validate the file, store it and enqueue its rq job; an existing `bulk_id` is returned as
-    it is (idempotent submission)."""
+    """Validate the file (an `.npz` inflating to `max_bytes` at most), store it and enqueue
+    its rq job. `bulk_id` is an idempotency key: the same upload under it again is the job
+    already there, another one a Conflict. At most `max_jobs` bulk jobs are kept fleet-wide
+    (0: no limit), each until its TTL ends; past that, Unavailable."""
     queue = bulk_queue(connection)
     bulk_id = bulk_id or uuid.uuid4().hex
     if not JOB_ID.match(bulk_id):
         raise InvalidInput("bulk job 'id' must be 1-128 characters of A-Z a-z 0-9 . _ : -")
+    digest = _upload_digest(model, version, fmt, window, data)
     if connection.exists(keys.bulk_key(bulk_id, "spec")):
-        return bulk_status(connection, bulk_id)
+        return _existing(connection, bulk_id, digest)
     config, versions = model_signature(connection, model)
     if version is not None and version not in versions:
         raise ModelNotReady(f"model '{model}' version {version} is not ready")
     sig = Signature.from_config(config)
     check_output_shapes(sig, fmt)
-    total = len(read_items(data, fmt, sig))
+    total = len(read_items(data, fmt, sig, max_bytes=max_bytes))
     policy = QueuePolicy.from_config(config)
     level = policy.default_priority_level
     limit = policy.for_level(level).max_queue_size
-    spec: dict[FieldT, EncodableT] = {
+    spec: dict[str, EncodableT] = {
         "model": model,
         "version": version or max(versions),
         "format": fmt,
@@ -143,12 +163,18 @@ def submit_bulk(
         "ttl": ttl_s,
         "config": orjson.dumps(config),
         "created_ms": time.time_ns() // 1_000_000,
+        "max_bytes": max_bytes,
+        "digest": digest,
     }
-    pipe = connection.pipeline(transaction=True)
-    pipe.set(keys.bulk_key(bulk_id, "input"), data, ex=ttl_s)
-    pipe.hset(keys.bulk_key(bulk_id, "spec"), mapping=spec)
-    pipe.expire(keys.bulk_key(bulk_id, "spec"), ttl_s)
-    pipe.execute()
+    counted = HOLD_QUOTA.run(connection, [keys.BULK_KEPT], [bulk_id, ttl_s, max_jobs])
+    if not counted:
+        raise Unavailable(quota_message("bulk jobs", max_jobs, "--max-bulk-jobs"))
+    fields = [part for pair in spec.items() for part in pair]
+    spec_key, input_key = keys.bulk_key(bulk_id, "spec"), keys.bulk_key(bulk_id, "input")
+    if not CREATE_BULK.run(connection, [spec_key, input_key], [ttl_s, data, *fields]):
+        if counted == 1:  # another upload under this id won meanwhile: it holds the count
+            connection.zrem(keys.BULK_KEPT, bulk_id)
+        return _existing(connection, bulk_id, digest)
     queue.enqueue(
         RUN_BULK,
         bulk_id,
@@ -160,6 +186,25 @@ def submit_bulk(
         description=f"sluice bulk {model} ({total} items)",
         meta={"model": model, "total": total, "done": 0, "failed": 0},
     )
+    return bulk_status(connection, bulk_id)
+
+
+def _upload_digest(model: str, version: int | None, fmt: str, window: int, data: bytes) -> str:
+    """What makes two uploads under one bulk id the same: model and version as named, the
+    file's format and bytes, the window."""
+    digest = hashlib.blake2b(f"{model}\0{version or ''}\0{fmt}\0{window}\0".encode())
+    digest.update(data)
+    return digest.hexdigest()
+
+
+def _existing(connection: redis.Redis, bulk_id: str, digest: str) -> BulkStatus:
+    """The bulk job already under `bulk_id`, if it was made of the same upload."""
+    stored = cast("bytes | None", connection.hget(keys.bulk_key(bulk_id, "spec"), "digest"))
+    if stored is not None and stored.decode() != digest:
+        raise Conflict(
+            f"bulk job '{bulk_id}' already exists for another upload (model, version, file, "
+            "format or window differ): give each upload its own id"
+        )
     return bulk_status(connection, bulk_id)
 
 

@@ -106,6 +106,13 @@ DESIRED_CHANNEL = f"{PREFIX}:{{sluice}}:desired-events"
 GATEWAY_STATS = f"{PREFIX}:{{sluice}}:gateway-stats"
 
 
+#: sorted set: id -> expiry (ms) of every asynchronous job kept, counted against --max-jobs.
+JOBS_KEPT = f"{PREFIX}:{{sluice}}:jobs-kept"
+
+#: sorted set: id -> expiry (ms) of every bulk job kept, counted against --max-bulk-jobs.
+BULK_KEPT = f"{PREFIX}:{{sluice}}:bulk-kept"
+
+
 #: rq queue the bulk jobs wait on (rq keeps its own keys; see shared/bulk.py).
 BULK_QUEUE = "sluice-bulk"
 

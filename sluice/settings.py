@@ -21,6 +21,7 @@ from sluice.preflight import shown_url, unknown_scheme
 from sluice.secret_options import one_secret, with_password
 from sluice.shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DRAIN_TIMEOUT_HELP
 from sluice.shared.idle_poll import DEFAULT_WINDOW_US
+from sluice.shared.jobs import MAX_BULK_JOBS, MAX_JOBS
 from sluice.shared.repository_control import ControlMode, load_model_problem
 
 if TYPE_CHECKING:
@@ -239,6 +240,18 @@ class GatewayOptions(ProcessSettings, IdlePolling, ModelControl):
         old="--job-ttl",
         check=at_least(1),
     )
+    max_jobs: int = option(
+        MAX_JOBS,
+        help="Asynchronous jobs the fleet keeps at once (each until --job-ttl-s ends); one more "
+        "is refused with 503. 0: no limit.",
+        check=at_least(0),
+    )
+    max_bulk_jobs: int = option(
+        MAX_BULK_JOBS,
+        help="Bulk jobs the fleet keeps at once (each until its TTL, a day, ends); one more is "
+        "refused with 503. 0: no limit.",
+        check=at_least(0),
+    )
     redis_outage_grace_s: float = option(
         15.0,
         help="Seconds the gateway holds requests while Redis is unreachable (restart, failover) "
@@ -287,6 +300,8 @@ class GatewayOptions(ProcessSettings, IdlePolling, ModelControl):
                 ),
                 metrics_auth_token=self.metrics_auth_token,
                 job_ttl_s=self.job_ttl_s,
+                max_jobs=self.max_jobs,
+                max_bulk_jobs=self.max_bulk_jobs,
                 model_control_mode=self.model_control_mode,
                 max_override_models=self.max_override_models,
             ),

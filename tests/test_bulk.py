@@ -16,7 +16,7 @@ import orjson
 import pytest
 import redis
 from sluice.shared import keys
-from sluice.shared.bulk import bulk_status, cancel_bulk, submit_bulk
+from sluice.shared.bulk import bulk_queue, bulk_status, cancel_bulk, submit_bulk
 from sluice.shared.bulk_files import (
     ERROR_ARRAY,
     STATUS_ARRAY,
@@ -25,7 +25,7 @@ from sluice.shared.bulk_files import (
     read_items,
     write_output,
 )
-from sluice.shared.errors import InvalidInput
+from sluice.shared.errors import Conflict, InvalidInput, Unavailable
 from sluice.shared.protocol import Result, Tensor
 from sluice.shared.redis_client import sync_client
 from sluice.shared.registry import encode_model_record
@@ -199,6 +199,11 @@ def test_bulk_over_http_upload_then_download_in_input_order(service: Service) ->
         service, "POST", "/v2/models/affine/bulk?id=http-npz&format=npz", _npz(X=x)
     )
     assert status == 202 and json.loads(body)["status"] == "done"
+    # ... and another file under it is refused, naming the id
+    status, body, _ = _http(
+        service, "POST", "/v2/models/affine/bulk?id=http-npz&format=npz", _npz(X=x + 1)
+    )
+    assert status == 409 and "bulk job 'http-npz' already exists" in json.loads(body)["error"]
     assert _inference_count(client, "affine") - before == 300
 
 
@@ -317,6 +322,45 @@ def test_a_queued_bulk_job_can_be_cancelled(redis_url: str) -> None:
     assert status.status == "queued" and status.total == 5
     assert cancel_bulk(client, "to-cancel").status == "cancelled"
     assert bulk_status(client, "to-cancel").status == "cancelled"
+
+
+def test_a_bulk_id_is_its_upload_s_and_refused_for_another(redis_url: str) -> None:
+    client = sync_client(redis_url)
+    _announce_affine(client)
+    x = np.zeros((5, 4), np.float32)
+    first = submit_bulk(client, "affine", _npz(X=x), "npz", bulk_id="same")
+    assert submit_bulk(client, "affine", _npz(X=x), "npz", bulk_id="same") == first
+    message = (
+        "bulk job 'same' already exists for another upload (model, version, file, format or "
+        "window differ): give each upload its own id"
+    )
+    for upload, kwargs in (
+        (_npz(X=x + 1), {}),
+        (_npz(X=x), {"window": 7}),
+        (_npz(X=x), {"version": 1}),
+        (_npy(x), {"fmt": "npy"}),
+    ):
+        with pytest.raises(Conflict) as refused:
+            submit_bulk(
+                client, "affine", upload, kwargs.pop("fmt", "npz"), bulk_id="same", **kwargs
+            )
+        assert refused.value.message == message
+    assert len(bulk_queue(client)) == 1
+
+
+def test_bulk_jobs_kept_are_bounded(redis_url: str) -> None:
+    client = sync_client(redis_url)
+    _announce_affine(client)
+    upload = _npz(X=np.zeros((2, 4), np.float32))
+    for bulk_id in ("kept-1", "kept-2"):
+        submit_bulk(client, "affine", upload, "npz", bulk_id=bulk_id, max_jobs=2)
+    with pytest.raises(Unavailable, match=r"too many bulk jobs: 2 are kept already"):
+        submit_bulk(client, "affine", upload, "npz", bulk_id="kept-3", max_jobs=2)
+    assert not client.exists(keys.bulk_key("kept-3", "spec"), keys.bulk_key("kept-3", "input"))
+    # the same upload again is the job there, not one more
+    assert submit_bulk(client, "affine", upload, "npz", bulk_id="kept-1", max_jobs=2).id == "kept-1"
+    client.zadd(keys.BULK_KEPT, {"kept-2": 1})  # as if its TTL had ended long ago
+    assert submit_bulk(client, "affine", upload, "npz", bulk_id="kept-3", max_jobs=2).total == 2
 
 
 def test_a_bulk_job_resumes_after_its_rq_worker_is_killed(redis_url: str, model_repo: Path) -> None:

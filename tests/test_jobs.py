@@ -65,15 +65,41 @@ def test_resubmitting_an_id_returns_the_same_job_and_runs_once(service: Service)
     first = _call(service, "POST", "/v2/models/nobatch/jobs", _body(1.0, "job-idem-1"))
     status, result, _ = _call(service, "GET", "/v2/jobs/job-idem-1?wait=30")
     assert (first[0], first[1]["id"], status) == (202, "job-idem-1", 200)
-    again = _call(service, "POST", "/v2/models/nobatch/jobs", _body(5.0, "job-idem-1"))
-    assert again[1] == {
-        "id": "job-idem-1",
-        "status": "done",
-        "model_name": "nobatch",
-        "model_version": "1",
-    }
+    again = _call(service, "POST", "/v2/models/nobatch/jobs", _body(1.0, "job-idem-1"))
+    assert again[:2] == (
+        202,
+        {"id": "job-idem-1", "status": "done", "model_name": "nobatch", "model_version": "1"},
+    )
     assert _call(service, "GET", "/v2/jobs/job-idem-1")[1] == result
     assert _exec_count(service, "nobatch") - before == 1
+
+
+def test_an_id_reused_for_another_request_is_a_409_naming_it(service: Service) -> None:
+    assert _call(service, "POST", "/v2/models/nobatch/jobs", _body(1.0, "job-idem-2"))[0] == 202
+    other_inputs = _body(5.0, "job-idem-2")
+    other_outputs = _body(1.0, "job-idem-2") | {"outputs": [{"name": "OUT"}]}
+    other_parameters = _body(1.0, "job-idem-2") | {"parameters": {"tag": "b"}}
+    other_model = {
+        "id": "job-idem-2",
+        "inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 4], "data": [1.0] * 4}],
+    }
+    for path, body in (
+        ("/v2/models/nobatch/jobs", other_inputs),
+        ("/v2/models/nobatch/jobs", other_outputs),
+        ("/v2/models/nobatch/jobs", other_parameters),
+        ("/v2/models/nobatch/versions/1/jobs", _body(1.0, "job-idem-2")),
+        ("/v2/models/batch8/jobs", other_model),
+    ):
+        status, answer, _ = _call(service, "POST", path, body)
+        assert (status, answer) == (
+            409,
+            {
+                "error": "job 'job-idem-2' already exists for another request (model, version, "
+                "inputs, parameters or outputs differ): give each request its own id"
+            },
+        ), path
+    status, result, _ = _call(service, "GET", "/v2/jobs/job-idem-2?wait=30")
+    assert status == 200 and result["outputs"][0]["data"] == [1.0] * 6
 
 
 def test_unknown_job_is_404_and_bad_input_is_400(service: Service) -> None:

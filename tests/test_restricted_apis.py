@@ -12,6 +12,7 @@ import numpy as np
 import orjson
 import pytest
 from sluice.gateway.app import GatewayApp
+from sluice.gateway.bearer import bearer_matches
 from sluice.gateway.restricted_apis import GRPC_CATEGORIES, http_category
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
@@ -178,6 +179,27 @@ def test_with_its_metadata_a_restricted_rpc_answers(gateway: Service) -> None:
         config = stub.ModelConfig(pb.ModelConfigRequest(name="affine"), metadata=(GRPC_AUTH,))
         assert config.config.name == "affine"
         assert stub.ServerLive(pb.ServerLiveRequest()).live
+
+
+@pytest.mark.parametrize(
+    ("given", "matches"),
+    [
+        (b"Bearer t0ken", True),
+        (b"bearer t0ken", True),
+        ("BEARER t0ken", True),  # gRPC metadata values are str
+        (b"Bearer  t0ken", True),  # RFC 9110: one or more spaces
+        (b"Bearer t0ken ", False),
+        (b"Bearert0ken", False),
+        (b"Basic t0ken", False),
+        (b"t0ken", False),
+        (b"", False),
+        (None, False),
+    ],
+)
+def test_a_bearer_value_matches_by_its_scheme_in_any_case_and_its_exact_token(
+    given: bytes | str | None, matches: bool
+) -> None:
+    assert bearer_matches(given, TOKEN.encode()) is matches
 
 
 # -- every endpoint has its category -----------------------------------------------------------

@@ -16,7 +16,13 @@ import msgpack
 from sluice.shared import keys
 from sluice.shared.admission import enqueue_command, queue_full
 from sluice.shared.errors import error_from_code
-from sluice.shared.jobs import CANCEL_JOB, CREATE_JOB, JOB_ID
+from sluice.shared.jobs import (
+    CANCEL_JOB,
+    CREATE_JOB,
+    JOB_ID,
+    conflict_message,
+    request_digest,
+)
 from sluice.shared.protocol import (
     Request,
     Result,
@@ -31,7 +37,14 @@ from sluice.shared.redis_client import sync_client
 from sluice.shared.registry import decode_model_record
 
 from ._wire import Tensorish, TensorKind, array_of, as_kind, raw_tensor
-from .errors import InvalidRequest, JobNotFound, JobTimeout, Unavailable, error_for_status
+from .errors import (
+    Conflict,
+    InvalidRequest,
+    JobNotFound,
+    JobTimeout,
+    Unavailable,
+    error_for_status,
+)
 
 #: one blocking wait, kept below the client's socket timeout; longer waits repeat it.
 _BLOCK_S = 5.0
@@ -70,6 +83,8 @@ class RedisClient:
         policy = QueuePolicy.from_config(info["config"])
         level = policy.level_of(params)
         tensors = [Tensor(name, *raw_tensor(value)) for name, value in inputs.items()]
+        output_flags = dict.fromkeys(outputs, True) if outputs else None
+        digest = request_digest(model, str(version or ""), tensors, params, output_flags)
         version = version or max(info["versions"])
         stream = keys.job_stream(job_id)
         request = Request(
@@ -85,10 +100,15 @@ class RedisClient:
             "model": model,
             "version": version,
             "client_id": job_id,
-            "outputs": dict.fromkeys(outputs, True) if outputs else None,
+            "outputs": output_flags,
             "binary": True,
         }
-        if CREATE_JOB.run(self.redis, [stream], [msgpack.packb(meta), self.job_ttl_s]):
+        created = CREATE_JOB.run(
+            self.redis, [stream], [msgpack.packb(meta), self.job_ttl_s, digest]
+        )
+        if created < 0:
+            raise Conflict(409, conflict_message(job_id))
+        if created:
             self._enqueue(request, model, level, policy.for_level(level).max_queue_size)
         return RedisJob(self, job_id, model)
 

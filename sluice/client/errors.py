@@ -23,7 +23,7 @@ class JobNotFound(SluiceClientError):
 
 
 class Conflict(SluiceClientError):
-    """409: the job has already finished."""
+    """409: the job has already finished, or its id names another request."""
 
 
 class ServerError(SluiceClientError):
