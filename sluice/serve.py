@@ -24,7 +24,7 @@ import orjson
 import uvloop
 
 from sluice import runtime_file
-from sluice.embedded_redis import EmbeddedRedis, tied_to_parent
+from sluice.embedded_redis import EmbeddedRedis, default_maxmemory, tied_to_parent
 from sluice.gateway.server import GatewayConfig, serve_gateway
 from sluice.options import Settings
 from sluice.settings import JOBS_WORKER_SETTINGS_ENV, WORKER_SETTINGS_ENV, ServeSettings
@@ -189,8 +189,11 @@ def run_serve(settings: ServeSettings) -> None:
     with contextlib.ExitStack() as stack:
         redis_url = settings.redis_url
         if redis_url is None:
-            redis_url = stack.enter_context(EmbeddedRedis()).url
-            log.info("embedded Redis at %s", redis_url)
+            maxmemory = settings.redis_maxmemory
+            if maxmemory is None:
+                maxmemory = default_maxmemory()
+            redis_url = stack.enter_context(EmbeddedRedis(maxmemory=maxmemory)).url
+            log.info("embedded Redis at %s, maxmemory %d MiB", redis_url, maxmemory >> 20)
         gateway = settings.gateway_config(redis_url)
         stack.callback(runtime_file.remove)
         _announce_locally(gateway)

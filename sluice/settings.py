@@ -448,6 +448,13 @@ class ServeSettings(GatewayOptions, BatchingOptions, RedisPassword):
         help="rq workers running bulk jobs (sluice jobs submit, POST .../bulk).",
         check=at_least(0),
     )
+    redis_maxmemory: int | None = option(
+        None,
+        help="Bytes of data the embedded Redis may hold; past them it refuses writes (a 503, "
+        "gRPC RESOURCE_EXHAUSTED) instead of evicting queued work. Default: a quarter of this "
+        "host's (or container's) memory; 0: no limit. Not used with --redis-url.",
+        check=at_least(0),
+    )
 
     def worker_settings(self, redis_url: str) -> WorkerSettings:
         """What every worker serve starts runs with (no probe port: serve's gateway is one)."""

@@ -1,4 +1,5 @@
-"""The embedded Redis: persistence across restart(), and no server outliving its owner."""
+"""The embedded Redis: persistence across restart(), no server outliving its owner, and its
+maxmemory."""
 
 from __future__ import annotations
 
@@ -9,10 +10,16 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import redis
 
-from sluice.embedded_redis import EmbeddedRedis
+from sluice.embedded_redis import (
+    MAXMEMORY_SHARE,
+    EmbeddedRedis,
+    default_maxmemory,
+    memory_available,
+)
 
 DEADLINE_S = 15.0
 
@@ -127,3 +134,25 @@ def test_server_dies_with_a_killed_parent() -> None:
         if not _gone(redis_pid):
             os.kill(redis_pid, signal.SIGKILL)
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_maxmemory_is_set_with_noeviction() -> None:
+    with EmbeddedRedis(maxmemory=64 << 20) as server:
+        client = redis.Redis.from_url(server.url)
+        try:
+            config = client.config_get("maxmemory*")
+        finally:
+            client.close()
+    assert config["maxmemory"] == str(64 << 20)
+    assert config["maxmemory-policy"] == "noeviction"
+
+
+def test_default_maxmemory_is_a_share_of_the_cgroup_limit_when_lower(tmp_path: Path) -> None:
+    physical = memory_available(())
+    limited, unlimited = tmp_path / "memory.max", tmp_path / "v1.limit"
+    limited.write_text(f"{physical // 2}\n")
+    unlimited.write_text("max\n")
+    assert memory_available((str(unlimited),)) == physical
+    assert memory_available((str(unlimited), str(limited))) == physical // 2
+    assert memory_available((str(tmp_path / "absent"),)) == physical
+    assert default_maxmemory() == memory_available() // MAXMEMORY_SHARE
