@@ -37,10 +37,10 @@ def test_jobs_submit_result_status_cancel_and_as_completed(service: Service) -> 
         for value, job in enumerate(jobs):
             assert job.status() == "done"
             np.testing.assert_array_equal(job.result(timeout=30)["OUT"], np.full((3, 2), value))
-        assert (
-            client.submit("nobatch", {"IN": np.ones((2, 3), np.float32)}, job_id=jobs[0].id).id
-            == jobs[0].id
-        )
+        again = {"IN": np.full((2, 3), 0, np.float32)}  # jobs[0]'s request: its job
+        assert client.submit("nobatch", again, job_id=jobs[0].id).id == jobs[0].id
+        with pytest.raises(errors.Conflict, match=f"409: job '{jobs[0].id}' already exists"):
+            client.submit("nobatch", {"IN": np.ones((2, 3), np.float32)}, job_id=jobs[0].id)
         assert jobs[0].cancel() is False
         slow = client.submit("batch8", {"IN": np.ones((1, 4), np.float32)})
         assert slow.cancel() is True
