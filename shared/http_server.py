@@ -128,8 +128,13 @@ class _Connection(asyncio.Protocol):
         self.server.connections.discard(self)
         if self.timer is not None:
             self.timer.cancel()
+            self.timer = None
         if not self.disconnected.done():
             self.disconnected.set_result(None)
+        # the parser holds this connection's callbacks: a cycle, which the frozen, rarely run
+        # collector (shared/gc_tuning.py) would leave in place with the body it read
+        del self.parser
+        self._reset()
 
     def data_received(self, data: bytes) -> None:
         if self.refused:
@@ -246,11 +251,13 @@ class _Connection(asyncio.Protocol):
         path, query = _split_url(self.url)
         method = self.parser.get_method()
         head = method == b"HEAD"  # handled as a GET, answered without the body
+        body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
+        self.body = []  # the request holds it, and frees it once answered
         request = HttpRequest(
             "GET" if head else method.decode("latin-1"),
             path,
             self.headers,
-            self.body[0] if len(self.body) == 1 else b"".join(self.body),
+            body,
             self.disconnected,
             self.refusal,
             query,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 
 import pytest
 from sluice.shared import http_server
@@ -84,6 +86,24 @@ async def test_a_slow_sender_is_cut_off(
     assert status == 408 and b"not received in full" in body
     assert await reader.read() == b""  # and the connection is closed
     writer.close()
+
+
+async def test_a_closed_connection_is_freed_by_reference_counting(server: HttpServer) -> None:
+    # a long-running process collects cycles rarely (shared/gc_tuning.py): a connection and
+    # what it read must not wait for the collector once the client has gone
+    reader, writer = await asyncio.open_connection("127.0.0.1", _port(server))
+    writer.write(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc")
+    assert await _read_response(reader) == (200, b"POST /x 3")
+    (connection,) = server.connections
+    freed, gone = weakref.ref(connection), connection.disconnected
+    del connection
+    gc.disable()
+    try:
+        writer.close()
+        await gone
+        assert freed() is None
+    finally:
+        gc.enable()
 
 
 async def test_an_idle_keep_alive_connection_is_closed_after_its_last_answer(
