@@ -98,6 +98,8 @@ class _Connection(asyncio.Protocol):
         self.deadline_message: str | None = None
         #: a request was refused before it was whole: what the client still sends is dropped.
         self.refused = False
+        #: that refusal, while the requests before it are answered (pipelined, in order).
+        self.refusal_answer: HttpResponse | None = None
         #: the client's HTTP version, b"1.0" or b"1.1", from its first request (one client).
         self.version: bytes | None = None
         #: the size of the chunk being parsed.
@@ -245,6 +247,7 @@ class _Connection(asyncio.Protocol):
             self.close_if_idle()
         elif self.worker is None:
             self._refuse(error_response(RequestTimeout(message)))
+        # else the answers before the late request go first: `_answer` refuses it after them
 
     def on_message_complete(self) -> None:
         self._arm(IDLE_TIMEOUT_S, None)
@@ -283,7 +286,7 @@ class _Connection(asyncio.Protocol):
                 finally:
                     self.server.busy -= 1
                 self.queue.popleft()
-                if self.transport is None or self.transport.is_closing() or self.refused:
+                if self.transport is None or self.transport.is_closing():
                     return
                 if response.stream is not None:
                     await self._stream(response, version, head)
@@ -300,7 +303,21 @@ class _Connection(asyncio.Protocol):
             self.worker = None
             self.server.idle.set()
             if self.transport is not None and not self.transport.is_closing():
-                self._arm(LINGER_S if self.refused else IDLE_TIMEOUT_S, None)
+                self._after_answers()
+
+    def _after_answers(self) -> None:
+        """Once the last answer is written: the refusal that waited for it, else the idle
+        deadline, unless a request is arriving (pipelined behind those answered), whose own
+        deadline holds."""
+        message = self.deadline_message
+        if self.refusal_answer is not None:
+            self._refuse(self.refusal_answer)
+        elif self.refused or message is None:
+            self._arm(LINGER_S if self.refused else IDLE_TIMEOUT_S, None)
+        elif self.loop.time() >= self.deadline:
+            self._refuse(error_response(RequestTimeout(message)))
+        elif self.timer is None:
+            self._start_timer()
 
     async def _stream(self, response: HttpResponse, version: bytes, head_only: bool) -> None:
         assert self.transport is not None and response.stream is not None
@@ -320,8 +337,12 @@ class _Connection(asyncio.Protocol):
 
     def _refuse(self, response: HttpResponse) -> None:
         """Answer and close, reading and dropping for a while what the client still sends, so
-        that it gets to read the answer."""
+        that it gets to read the answer. Requests before it (pipelined) are answered first."""
         self.refused = True
+        if self.worker is not None:
+            self.refusal_answer = response
+            return
+        self.refusal_answer = None
         if self.transport is None or self.transport.is_closing():
             return
         version = b"1.0" if self.parser.get_http_version() == "1.0" else b"1.1"

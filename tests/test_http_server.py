@@ -76,6 +76,17 @@ async def test_oversized_body_is_refused_and_malformed_http_is_400(server: HttpS
     writer.close()
 
 
+async def test_requests_before_a_malformed_one_are_answered_first(server: HttpServer) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", _port(server))
+    writer.write(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\n\r\nNOT HTTP\r\n\r\n")
+    assert await _read_response(reader) == (200, b"GET /a 0")
+    assert await _read_response(reader) == (200, b"GET /b 0")
+    status, body = await _read_response(reader)
+    assert status == 400 and b"malformed HTTP request" in body
+    assert await reader.read() == b""
+    writer.close()
+
+
 async def test_a_slow_sender_is_cut_off(
     server: HttpServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -86,6 +97,35 @@ async def test_a_slow_sender_is_cut_off(
     assert status == 408 and b"not received in full" in body
     assert await reader.read() == b""  # and the connection is closed
     writer.close()
+
+
+async def _slow_then_echo(request: HttpRequest) -> HttpResponse:
+    if request.path == "/slow":  # a handler that outlasts the request timeout
+        await asyncio.sleep(http_server.REQUEST_TIMEOUT_S * 3)
+    return await _echo(request)
+
+
+@pytest.mark.parametrize("handler", [_echo, _slow_then_echo], ids=["quick", "slow"])
+async def test_a_slow_sender_pipelined_behind_a_request_is_cut_off(
+    monkeypatch: pytest.MonkeyPatch, handler: http_server.Handler
+) -> None:
+    # the partial request arrives while the one before it is handled: its own deadline
+    # holds, not the idle one that follows the answer before it
+    monkeypatch.setattr(http_server, "REQUEST_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(http_server, "IDLE_TIMEOUT_S", 600.0)
+    srv = HttpServer(handler, max_body_bytes=1000)
+    await srv.start("127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", _port(srv))
+    writer.write(
+        b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"
+        b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nab"
+    )
+    assert await _read_response(reader) == (200, b"GET /slow 0")
+    status, body = await asyncio.wait_for(_read_response(reader), 10)
+    assert status == 408 and b"not received in full" in body
+    assert await reader.read() == b""
+    writer.close()
+    await srv.shutdown(1.0)
 
 
 async def test_a_closed_connection_is_freed_by_reference_counting(server: HttpServer) -> None:
