@@ -31,7 +31,6 @@ from sluice.shared.errors import (
     PayloadTooLarge,
     SluiceError,
     Unauthorized,
-    Unavailable,
     UnknownRoute,
 )
 from sluice.shared.http_messages import (
@@ -42,7 +41,7 @@ from sluice.shared.http_messages import (
     json_response,
 )
 from sluice.shared.infer_codec import HEADER_LENGTH, encode_response
-from sluice.shared.redis_client import REDIS_ERRORS
+from sluice.shared.redis_client import REDIS_ERRORS, UNWRITTEN, redis_failure
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +58,7 @@ def http_error(exc: Exception, request: HttpRequest) -> HttpResponse:
     if isinstance(exc, SluiceError):
         return error_response(exc)
     if isinstance(exc, REDIS_ERRORS):  # a read of the fleet's records (fleet, stats) meanwhile
-        return error_response(Unavailable(f"Redis is unreachable: {exc}", RETRY_AFTER_S))
+        return error_response(redis_failure(exc, UNWRITTEN, "Redis is unreachable", RETRY_AFTER_S))
     log.exception("unhandled error on %s %s", request.method, request.path)
     return error_response(SluiceError(f"internal error: {exc!r}"))
 

@@ -21,9 +21,9 @@ import redis
 from sluice.shared import bulk
 from sluice.shared.bulk_arrays import MAX_BYTES
 from sluice.shared.bulk_files import FORMATS
-from sluice.shared.errors import InvalidInput, Unavailable
+from sluice.shared.errors import InvalidInput
 from sluice.shared.jobs import MAX_BULK_JOBS
-from sluice.shared.redis_client import REDIS_ERRORS, sync_client
+from sluice.shared.redis_client import REDIS_ERRORS, UNWRITTEN, redis_failure, sync_client
 
 T = TypeVar("T")
 #: media type of an upload -> its format, when the format is not named.
@@ -55,7 +55,7 @@ async def _in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     try:
         return await asyncio.to_thread(fn, *args, **kwargs)
     except REDIS_ERRORS as exc:
-        raise Unavailable(f"bulk jobs unavailable: {exc}") from None
+        raise redis_failure(exc, UNWRITTEN, "bulk jobs unavailable") from None
 
 
 class BulkApi:

@@ -30,7 +30,12 @@ from sluice.shared.errors import Cancelled, Unavailable
 from sluice.shared.idle_poll import DEFAULT_WINDOW_US, IdlePoll
 from sluice.shared.partitions import Dealer
 from sluice.shared.protocol import Request, Result
-from sluice.shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS, server_info
+from sluice.shared.redis_client import (
+    CONNECTION_ERRORS,
+    REDIS_ERRORS,
+    redis_failure,
+    server_info,
+)
 from sluice.shared.redis_wire import Wire
 
 
@@ -240,26 +245,39 @@ class Dispatcher:
             return
 
     async def send_outbox(self, outbox: dict[Route, list[Request]]) -> Exception | None:
-        """Send `outbox` in one round trip; the connection error if Redis did not answer."""
-        commands, bounded = outbox_commands(outbox, self.dealer)
+        """Send `outbox` in one round trip; the connection error if Redis did not answer.
+        A command Redis refused fails its own requests (OutOfMemory when for memory); the
+        others were queued."""
+        sends = outbox_commands(outbox, self.dealer)
         try:
-            replies = await self._sends.execute(*commands)
+            replies = await self._sends.execute(
+                *(send.command for send in sends), raise_on_error=False
+            )
         except CONNECTION_ERRORS as exc:
             return exc
         except REDIS_ERRORS as exc:
-            self.fail((r for rs in outbox.values() for r in rs), f"queue unavailable: {exc}")
+            self._refuse((r for send in sends for r in send.requests), exc)
             return None
-        admitted = iter(reply for reply in replies if isinstance(reply, list))
-        for requests in bounded:
-            for request, ok in zip(requests, next(admitted), strict=True):
-                if not ok:
-                    self.fail([request], f"[request id: {request.id}] Exceeds maximum queue size")
+        for send, reply in zip(sends, replies, strict=True):
+            if isinstance(reply, Exception):
+                self._refuse(send.requests, reply)
+            elif send.bounded:
+                for request, ok in zip(send.requests, reply, strict=True):
+                    if not ok:
+                        message = f"[request id: {request.id}] Exceeds maximum queue size"
+                        self.fail([request], message)
         return None
+
+    def _refuse(self, requests: Iterable[Request], exc: Exception) -> None:
+        """Redis refused the command that carried `requests`: none of them was queued."""
+        self._fail_with(requests, redis_failure(exc, "request not queued", "queue unavailable"))
 
     def fail(
         self, requests: Iterable[Request], message: str, retry_after_s: int | None = None
     ) -> None:
-        error = Unavailable(message, retry_after_s)
+        self._fail_with(requests, Unavailable(message, retry_after_s))
+
+    def _fail_with(self, requests: Iterable[Request], error: Exception) -> None:
         for request in requests:
             future = self.waiting.get(request.id)
             if future is not None and not future.done():

@@ -26,7 +26,7 @@ from sluice.shared.errors import (
     Unauthorized,
     Unsupported,
 )
-from sluice.shared.redis_client import REDIS_ERRORS
+from sluice.shared.redis_client import REDIS_ERRORS, UNWRITTEN, redis_failure
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
@@ -48,6 +48,8 @@ STATUS_BY_CODE = {
     # Triton: "Request for unknown model: 'm' has no available versions" is NOT_FOUND
     "UNAVAILABLE_MODEL": Status.NOT_FOUND,
     "UNAVAILABLE": Status.UNAVAILABLE,
+    # Redis refused a write for memory (shared/errors.py OutOfMemory; HTTP 503)
+    "RESOURCE_EXHAUSTED": Status.RESOURCE_EXHAUSTED,
     "CANCELLED": Status.CANCELLED,
     "INTERNAL": Status.INTERNAL,
     "UNKNOWN": Status.UNKNOWN,
@@ -77,7 +79,7 @@ def grpc_status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
         status = STATUS_BY_CODE.get(exc.code) or STATUS_BY_HTTP.get(exc.http_status)
         return status or Status.INTERNAL, exc.message
     if isinstance(exc, REDIS_ERRORS):
-        return Status.UNAVAILABLE, f"Redis is unreachable: {exc}"
+        return grpc_status(redis_failure(exc, UNWRITTEN, "Redis is unreachable"))
     log.error("unhandled error in a gRPC call", exc_info=exc)
     return Status.INTERNAL, f"internal error: {exc!r}"
 

@@ -9,6 +9,7 @@ decoupled model's job gets one entry per response; it is done with the final one
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ from sluice.shared.protocol import (
     encode_results,
     job_event,
 )
-from sluice.shared.redis_client import REDIS_ERRORS
+from sluice.shared.redis_client import REDIS_ERRORS, out_of_memory, redis_failure
 
 MAX_WAIT_S = 60.0
 #: a job stream's entries as XRANGE gives them (replies are never decoded)
@@ -110,10 +111,11 @@ class JobStore:
         request (`digest`), Conflict if for another one.
 
         A job counts against `max_jobs` until it expires (Unavailable past it). A level with a
-        `max_queue_size` admits the job as it admits an infer request; a job it refuses is
-        removed again (and no longer counted), so that the same id can be submitted later.
+        `max_queue_size` admits the job as it admits an infer request; a job it refuses, or
+        whose request Redis refused for memory, is removed again (and no longer counted), so
+        that the same id can be submitted later.
         """
-        counted = 0
+        created = counted = 0
         try:
             counted = await HOLD_QUOTA.run(
                 self.redis, [keys.JOBS_KEPT], [request.id, self.ttl_s, self.max_jobs]
@@ -141,7 +143,14 @@ class JobStore:
                 await self.redis.xadd(stream, cast("dict[FieldT, EncodableT]", entry))
             await self.redis.publish(keys.job_channel(request.id), job_event(request.id, "queued"))
         except REDIS_ERRORS as exc:
-            raise Unavailable(f"queue unavailable: {exc}", RETRY_AFTER_S) from None
+            if out_of_memory(exc):  # take back what this call wrote: DEL and ZREM pass a full Redis
+                with contextlib.suppress(*REDIS_ERRORS):
+                    if created == 1:
+                        await self.redis.delete(request.reply_to)
+                    await self._uncount(counted, request.id)
+            raise redis_failure(
+                exc, "job not created", "queue unavailable", RETRY_AFTER_S
+            ) from None
         return True
 
     async def _uncount(self, counted: int, job_id: str) -> None:

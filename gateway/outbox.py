@@ -31,13 +31,19 @@ class Route:
     partitions: int = 1
 
 
-def outbox_commands(
-    outbox: dict[Route, list[Request]], dealer: Dealer
-) -> tuple[list[Command], list[list[Request]]]:
-    """The commands that send `outbox`, and the requests of each admission script among them,
-    in order (its reply says which it admitted)."""
-    commands: list[Command] = []
-    bounded: list[list[Request]] = []
+@dataclass(frozen=True, slots=True)
+class Send:
+    """One command of an outbox and the requests it carries (each fails with it alone)."""
+
+    command: Command
+    requests: list[Request]
+    #: an admission script: its reply says which of `requests` it admitted.
+    bounded: bool = False
+
+
+def outbox_commands(outbox: dict[Route, list[Request]], dealer: Dealer) -> list[Send]:
+    """The commands that send `outbox`, in order, each with its requests."""
+    sends: list[Send] = []
     for route, requests in outbox.items():
         if route.max_queue_size:
             partition = dealer.next(route.model, route.level, route.partitions)
@@ -47,13 +53,11 @@ def outbox_commands(
                 entry = encode_requests([request])
                 args += [entry["h"], entry["d"]]
             sizes = keys.queue_sizes(route.model, partition)
-            commands.append(ENQUEUE.command([stream, sizes], args))
-            bounded.append(requests)
+            sends.append(Send(ENQUEUE.command([stream, sizes], args), requests, bounded=True))
             continue
         for start in range(0, len(requests), route.max_per_entry):
             partition = dealer.next(route.model, route.level, route.partitions)
             stream = keys.request_stream(route.model, route.level, partition)
-            commands.append(
-                xadd(stream, encode_requests(requests[start : start + route.max_per_entry]))
-            )
-    return commands, bounded
+            shared = requests[start : start + route.max_per_entry]
+            sends.append(Send(xadd(stream, encode_requests(shared)), shared))
+    return sends

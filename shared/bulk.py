@@ -36,7 +36,7 @@ from sluice.shared.errors import (
 from sluice.shared.jobs import HOLD_QUOTA, JOB_ID, MAX_BULK_JOBS, quota_message
 from sluice.shared.lua import Lua
 from sluice.shared.queue_policy import QueuePolicy
-from sluice.shared.redis_client import is_cluster
+from sluice.shared.redis_client import is_cluster, out_of_memory
 from sluice.shared.registry import decode_model_record
 from sluice.shared.signature import Signature
 
@@ -175,17 +175,25 @@ def submit_bulk(
         if counted == 1:  # another upload under this id won meanwhile: it holds the count
             connection.zrem(keys.BULK_KEPT, bulk_id)
         return _existing(connection, bulk_id, digest)
-    queue.enqueue(
-        RUN_BULK,
-        bulk_id,
-        job_id=bulk_id,
-        retry=Retry(max=RETRIES),
-        job_timeout=ttl_s,
-        result_ttl=ttl_s,
-        failure_ttl=ttl_s,
-        description=f"sluice bulk {model} ({total} items)",
-        meta={"model": model, "total": total, "done": 0, "failed": 0},
-    )
+    try:
+        queue.enqueue(
+            RUN_BULK,
+            bulk_id,
+            job_id=bulk_id,
+            retry=Retry(max=RETRIES),
+            job_timeout=ttl_s,
+            result_ttl=ttl_s,
+            failure_ttl=ttl_s,
+            description=f"sluice bulk {model} ({total} items)",
+            meta={"model": model, "total": total, "done": 0, "failed": 0},
+        )
+    except redis.RedisError as exc:
+        if out_of_memory(exc):  # nothing queued: leave no job that a retry would find
+            connection.delete(spec_key, input_key, Job.key_for(bulk_id))
+            if counted == 1:
+                connection.zrem(keys.BULK_KEPT, bulk_id)
+            connection.zrem(keys.BULK_KEPT, bulk_id)
+        raise
     return bulk_status(connection, bulk_id)
 
 

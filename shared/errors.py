@@ -97,6 +97,14 @@ class Unavailable(SluiceError):
         self.retry_after_s = retry_after_s
 
 
+class OutOfMemory(Unavailable):
+    """Redis refused a write for memory (maxmemory, noeviction): HTTP 503, gRPC
+    RESOURCE_EXHAUSTED. Nothing of the refused request was kept; it may be sent again once
+    Redis has room (queues drain, jobs expire)."""
+
+    code = "RESOURCE_EXHAUSTED"
+
+
 class Cancelled(SluiceError):
     """The client went away before its request ran (Triton CANCELLED → 400)."""
 
@@ -153,6 +161,7 @@ _BY_CODE: dict[str, type[SluiceError]] = {
         ModelNotFound,
         ModelNotReady,
         Unavailable,
+        OutOfMemory,
         Cancelled,
         ModelExecutionError,
         NotFound,

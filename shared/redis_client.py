@@ -23,8 +23,9 @@ import redis.sentinel
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import OutOfMemoryError, RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from sluice.shared.errors import OutOfMemory, Unavailable
 
 #: socket timeouts keep a dead Redis from hanging a request; blocking reads pass their own.
 CONNECT_TIMEOUT_S = 2.0
@@ -36,6 +37,33 @@ DEFAULT_SENTINEL_PORT = 26379
 #: which is not a RedisError, once no node answers.
 REDIS_ERRORS = (RedisError, RedisClusterException)
 CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, RedisClusterException)
+
+#: how every answer to a write that Redis refused for memory begins.
+OUT_OF_MEMORY = "Redis is out of memory (maxmemory)"
+#: what a write refused for memory left behind, where the caller does not say more.
+UNWRITTEN = "nothing was written"
+#: the Retry-After of that answer: room comes back as workers drain the queues.
+OUT_OF_MEMORY_RETRY_AFTER_S = 2
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether Redis refused a write for memory (maxmemory reached, noeviction). Redis 6.2
+    reports a refusal inside a script as a plain script error that quotes the OOM reply."""
+    return isinstance(exc, OutOfMemoryError) or (
+        isinstance(exc, RedisError) and "-OOM command not allowed" in str(exc)
+    )
+
+
+def redis_failure(
+    exc: BaseException, refused: str, unreachable: str, retry_after_s: int | None = None
+) -> Unavailable:
+    """A failed Redis call as the client's error: OutOfMemory `"<OUT_OF_MEMORY>: <refused>"`
+    when Redis refused a write for memory (not an outage: no reconnect mends it), else
+    Unavailable `"<unreachable>: <exc>"` with `retry_after_s`."""
+    if out_of_memory(exc):
+        return OutOfMemory(f"{OUT_OF_MEMORY}: {refused}", OUT_OF_MEMORY_RETRY_AFTER_S)
+    return Unavailable(f"{unreachable}: {exc}", retry_after_s)
+
 
 #: either kind of asyncio client; both take the same commands for single-slot work.
 AsyncClient = aioredis.Redis | AsyncRedisCluster

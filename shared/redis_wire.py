@@ -30,7 +30,7 @@ from redis._parsers.base import BaseParser
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ReadOnlyError, RedisError
+from redis.exceptions import ReadOnlyError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from sluice.shared.redis_client import is_cluster
 
@@ -182,15 +182,17 @@ class Wire:
         #: two calls, unseen by the caller
         self._on_reconnect = on_reconnect
 
-    async def execute(self, *commands: Command) -> list[Any]:
-        """Each command's reply; an error reply raises once all replies are read."""
+    async def execute(self, *commands: Command, raise_on_error: bool = True) -> list[Any]:
+        """Each command's reply; an error reply raises once all replies are read, or with
+        `raise_on_error=False` takes its command's place among the replies (the commands are
+        not a transaction: the others took effect)."""
         if not commands:
             return []
         if self._cluster:
-            return await self._through_client(commands)
+            return await self._through_client(commands, raise_on_error)
         reused = bool(self._idle)
         try:
-            return await self._round_trip(commands)
+            return await self._round_trip(commands, raise_on_error)
         except RedisConnectionError:
             if not reused:
                 raise
@@ -200,7 +202,7 @@ class Wire:
             await self.close()
             if self._on_reconnect is not None:
                 self._on_reconnect()
-            return await self._round_trip(commands)
+            return await self._round_trip(commands, raise_on_error)
 
     async def _open(self) -> _Link:
         pool = self._client.connection_pool
@@ -208,7 +210,7 @@ class Wire:
         await connection.connect()
         return _Link(connection, pool.connection_kwargs.get("socket_timeout"))
 
-    async def _round_trip(self, commands: Sequence[Command]) -> list[Any]:
+    async def _round_trip(self, commands: Sequence[Command], raise_on_error: bool) -> list[Any]:
         link = self._idle.pop() if self._idle else await self._open()
         try:
             replies = await link.round_trip(pack(commands), len(commands))
@@ -223,7 +225,7 @@ class Wire:
                 raise RedisConnectionError(f"Redis is a replica now: {reply}")
         self._idle.append(link)
         for reply in replies:
-            if isinstance(reply, RedisError):
+            if raise_on_error and isinstance(reply, RedisError):
                 raise reply
         return replies
 
@@ -232,11 +234,16 @@ class Wire:
         (reply,) = await self.execute(command)
         return reply
 
-    async def _through_client(self, commands: Sequence[Command]) -> list[Any]:
+    async def _through_client(self, commands: Sequence[Command], raise_on_error: bool) -> list[Any]:
         if len(commands) == 1:
             key = _read_key(commands[0])
             if key is None:
-                return [await self._client.execute_command(*commands[0])]
+                try:
+                    return [await self._client.execute_command(*commands[0])]
+                except ResponseError as exc:
+                    if raise_on_error:
+                        raise
+                    return [exc]
             cluster = cast("AsyncRedisCluster", self._client)
             if not self._slots_known:  # the client's slots, for the node
                 await cluster.initialize()
@@ -246,7 +253,7 @@ class Wire:
         async with self._client.pipeline(transaction=False) as pipe:
             for command in commands:
                 pipe.execute_command(*command)
-            return await pipe.execute()
+            return await pipe.execute(raise_on_error=raise_on_error)
 
     async def close(self) -> None:
         idle, self._idle = self._idle, []

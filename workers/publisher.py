@@ -25,15 +25,17 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import redis.asyncio as aioredis
 from sluice.shared import keys
 from sluice.shared.protocol import Result, encode_results, job_event
-from sluice.shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS
+from sluice.shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS, out_of_memory
 from sluice.shared.redis_wire import Command, Wire, xadd
 from sluice.shared.stats import FINISH_BATCH, add_increments, stats_record
 from sluice.workers.ensemble_steps import continue_steps
 from sluice.workers.pending import Queued
+from sluice.workers.refused_results import REFUSED, answer_command, refused_answers
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +204,7 @@ class Publisher:
         attempt = 0
         while True:
             try:
-                await self._wire.execute(*commands)
+                replies = await self._wire.execute(*commands, raise_on_error=False)
             except CONNECTION_ERRORS as exc:
                 if attempt == 0:
                     log.warning(
@@ -219,5 +221,29 @@ class Publisher:
                 for stream, ids in done.items():
                     for entry_id in ids:
                         self.unacked.pop((stream, entry_id), None)
+            error = await self._answer_refused(by_route, replies, len(onward))
             await self._announce_jobs(by_route)
+            if error is not None:
+                raise error
             return
+
+    async def _answer_refused(
+        self, by_route: dict[str, list[Result]], replies: list[Any], first: int
+    ) -> Exception | None:
+        """Answer the requests of each route whose results Redis refused for memory with an
+        error instead (workers/refused_results.py; `first`: the index of the first route's
+        reply); the first other error reply, which the caller raises."""
+        calls = []
+        for index, route in enumerate(list(by_route), first):
+            reply = replies[index]
+            if isinstance(reply, Exception) and out_of_memory(reply):
+                answers = by_route[route] = refused_answers(by_route[route])
+                calls.append(answer_command(route, answers, REPLY_STREAM_MAXLEN))
+                replies[index] = None
+        if calls:
+            log.error("%s: %s (%d routes)", self.model, REFUSED, len(calls))
+            try:
+                await self._wire.execute(*calls)
+            except REDIS_ERRORS as exc:
+                log.error("%s: those errors could not be stored either (%s)", self.model, exc)
+        return next((reply for reply in replies if isinstance(reply, Exception)), None)
