@@ -125,6 +125,9 @@ class ModelTable:
         #: called at every heartbeat with the entries in each partition of a partitioned
         #: model's level, and its batch size (model, level, depths, batch).
         self.on_depths: Callable[[str, int, list[int], int], None] = lambda *_: None
+        #: whether the gateway's background loops run (gateway/background.py): while one is
+        #: down after a failure, the gateway is not ready.
+        self.background_up: Callable[[], bool] = lambda: True
         self._last_ok = 0.0
         self._reachable = False
 
@@ -136,11 +139,11 @@ class ModelTable:
 
     @property
     def ready(self) -> bool:
-        """Redis reachable and every model that loaded somewhere (and was not unloaded on
-        purpose) has a ready instance; with no such model, ready if one was unloaded on
-        purpose, or (explicit and poll modes) if a worker is there."""
+        """Redis reachable, the background loops running, and every model that loaded somewhere
+        (and was not unloaded on purpose) has a ready instance; with no such model, ready if one
+        was unloaded on purpose, or (explicit and poll modes) if a worker is there."""
         servable = [m for m in self.models.values() if m.config is not None and not m.withdrawn]
-        if not self.reachable or not all(m.ready for m in servable):
+        if not (self.reachable and self.background_up()) or not all(m.ready for m in servable):
             return False
         if servable:
             return True

@@ -5,14 +5,16 @@ blocking XREAD takes up to 256 entries at a time, so Redis work per answer shrin
 grows. Read entries are trimmed every `TRIM_EVERY_ENTRIES`. The trim is approximate (MINID ~):
 Redis drops whole nodes of read entries and never edits a node in place; at most a node's worth
 of read entries stays behind until the next trim. After a Redis restart the stream is read
-again from its start (gateway/outage.py), and each id is resolved once.
+again from its start (gateway/outage.py), and each id is resolved once. The gateway runs the
+reader under a supervisor (gateway/background.py): should it fail, the requests waiting are
+failed with `fail_waiting`, and it reads again from the entry after the one it failed on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -41,23 +43,24 @@ class ReplyReader:
     waiting: dict[str, asyncio.Future[Result]]
     streams: dict[str, ResponseOrder]
     idle_poll: IdlePoll
+    #: the last entry read, kept across runs: a run that failed on an entry is not fed it again.
+    last_id: bytes = field(default=b"0-0", init=False)
 
     async def run(self) -> None:
         """Read until cancelled; survives Redis outages."""
-        last_id = b"0-0"
         unread_trim = 0
         backoff = RETRY_FIRST_S
         await self.outage.learn_server()
         while True:
             if self.outage.reread_replies:
-                self.outage.reread_replies, last_id = False, b"0-0"
+                self.outage.reread_replies, self.last_id = False, b"0-0"
             try:
                 if unread_trim >= TRIM_EVERY_ENTRIES:
-                    await self.reader.xtrim(self.reply_stream, minid=last_id, approximate=True)
+                    await self.reader.xtrim(self.reply_stream, minid=self.last_id, approximate=True)
                     unread_trim = 0
                 reply = await self.reads.call(
                     *("XREAD", "COUNT", 256, "BLOCK", REPLY_READ_BLOCK_MS),
-                    *("STREAMS", self.reply_stream, last_id),
+                    *("STREAMS", self.reply_stream, self.last_id),
                 )
             except REDIS_ERRORS as exc:
                 if backoff == RETRY_FIRST_S:
@@ -70,7 +73,7 @@ class ReplyReader:
             backoff = RETRY_FIRST_S
             for _stream, entries in stream_entries(reply):
                 for entry_id, fields in entries:
-                    last_id = entry_id
+                    self.last_id = entry_id
                     unread_trim += 1
                     self._resolve(fields)
             if reply:
@@ -78,6 +81,12 @@ class ReplyReader:
                 # the resolved requests' answers go out before the next read is sent: that
                 # write wakes Redis, and at low load it would hold up the clients' replies
                 await asyncio.sleep(0)
+
+    def fail_waiting(self, error: Exception) -> None:
+        """Every request still waiting for its answer (a streamed one too) gets `error`."""
+        for future in list(self.waiting.values()):
+            if not future.done():
+                future.set_exception(error)
 
     def _resolve(self, fields: dict[bytes, bytes]) -> None:
         try:

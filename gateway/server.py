@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sluice.gateway.app import GatewayApp
+from sluice.gateway.background import start_background
 from sluice.gateway.bearer import BearerGuard
 from sluice.gateway.bulk_api import BulkApi
 from sluice.gateway.core import GatewayCore, GatewayLimits
@@ -31,6 +32,7 @@ from sluice.shared.http_server import HttpServer
 from sluice.shared.idle_poll import DEFAULT_WINDOW_US
 from sluice.shared.redis_client import REDIS_ERRORS, async_client, initialized
 from sluice.shared.registry import Member
+from sluice.shared.supervision import Supervisor
 from sluice.shared.tasks import stop_tasks
 
 if TYPE_CHECKING:
@@ -92,10 +94,9 @@ async def serve_gateway(
     http = HttpServer(app, config.limits.max_body_bytes, app.precheck)
     metrics = _metrics_port(MetricsApp(redis, table), config.limits.metrics_auth_token)
     stop = stop or _stop_on_signal(config.graceful_shutdown_s, http)
-    background = [
-        asyncio.create_task(dispatcher.replies.run(), name="replies"),
-        asyncio.create_task(table.run(), name="model-table"),
-    ]
+    supervisor = Supervisor()
+    start_background(dispatcher, table, supervisor)
+    background: list[asyncio.Task[None]] = []
     grpc_port = _grpc_port(core, config)
     settle_after_startup()
     try:
@@ -116,12 +117,13 @@ async def serve_gateway(
             f"({config.graceful_shutdown_s:g} s); retry"
         )
         await asyncio.gather(
-            http.shutdown(wait_s, lambda: _fail_waiting(dispatcher, error), answer_s),
+            http.shutdown(wait_s, lambda: dispatcher.replies.fail_waiting(error), answer_s),
             metrics.shutdown(wait_s),
             # past the wait, requests still waiting get `error` (above): time to write it
             grpc_port.stop(wait_s + answer_s) if grpc_port is not None else asyncio.sleep(0),
         )
         await stop_tasks(background)
+        await supervisor.stop()
         await dispatcher.close()
         bulk.close()
         await table.remove_self()
@@ -159,13 +161,6 @@ def _stop_on_signal(drain_timeout_s: float, http: HttpServer) -> asyncio.Event:
 
     on_stop_signals(deadline, asyncio.get_running_loop(), stop.set)
     return stop
-
-
-def _fail_waiting(dispatcher: Dispatcher, error: Unavailable) -> None:
-    """Requests still waiting at the drain's end get `error` rather than a closed socket."""
-    for future in list(dispatcher.waiting.values()):
-        if not future.done():
-            future.set_exception(error)
 
 
 async def _announce_ready(

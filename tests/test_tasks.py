@@ -1,12 +1,17 @@
-"""stop_tasks: background loops end even when a cancellation is lost on the way."""
+"""stop_tasks: background loops end even when a cancellation is lost on the way; a Supervisor
+runs a failed loop again, and reports it down until then."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 from sluice.shared import tasks
+from sluice.shared.supervision import Supervisor
 from sluice.shared.tasks import stop_tasks
+
+from tests.restart_gate import Gate
 
 
 async def test_a_task_that_loses_its_cancellation_is_cancelled_again(
@@ -37,3 +42,63 @@ async def test_finished_and_plain_tasks_stop_at_once() -> None:
     forever = asyncio.create_task(asyncio.Event().wait())
     await stop_tasks([done, forever])
     assert forever.cancelled()
+
+
+async def test_a_failed_loop_is_logged_reported_down_and_run_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gate = Gate()
+    supervisor = Supervisor(sleep=gate)
+    runs, failures = [], []
+    running_again = asyncio.Event()
+
+    async def loop() -> None:
+        runs.append(len(runs))
+        if len(runs) == 1:
+            raise RuntimeError("boom")
+        running_again.set()
+        await asyncio.Event().wait()
+
+    supervisor.start("reader", loop, failures.append)
+    await gate.asleep.wait()
+    assert not supervisor.up and supervisor.down == {"reader"}
+    assert [str(exc) for exc in failures] == ["boom"]
+    (record,) = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert "reader failed" in record.getMessage()
+    assert record.exc_info is not None and record.exc_info[1] is failures[0]  # the traceback
+    gate.open()
+    await running_again.wait()
+    assert supervisor.up and runs == [0, 1]
+    await supervisor.stop()
+
+
+async def test_restarts_back_off_to_a_cap_and_start_over_after_a_long_run() -> None:
+    now = [0.0]
+    delays: list[float] = []
+
+    async def sleep(delay: float) -> None:
+        delays.append(delay)
+
+    supervisor = Supervisor(first_s=0.1, cap_s=1.0, sleep=sleep, clock=lambda: now[0])
+    runs = 0
+
+    async def loop() -> None:
+        nonlocal runs
+        runs += 1
+        if runs == 7:
+            now[0] += 1.0  # this run lasts as long as the longest wait: it was healthy
+        if runs < 9:
+            raise RuntimeError(f"failure {runs}")
+
+    await supervisor.start("loop", loop)
+    assert delays == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 0.1, 0.2]
+    assert supervisor.up
+
+
+async def test_a_loop_that_returns_or_is_cancelled_is_not_run_again() -> None:
+    supervisor = Supervisor(sleep=Gate())
+    finished = supervisor.start("once", lambda: asyncio.sleep(0))
+    await finished
+    forever = supervisor.start("forever", asyncio.Event().wait)
+    await supervisor.stop()
+    assert forever.cancelled() and supervisor.up

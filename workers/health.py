@@ -2,7 +2,8 @@
 on the same HTTP server as the gateway.
 
 GET /v2/health/live is 200 while the process runs; GET /v2/health/ready is 200 once its models
-are loaded and its last heartbeat reached Redis, else 503.
+are loaded and its last heartbeat reached Redis, and while no queue's read or recovery loop is
+down after a failure (shared/supervision.py), else 503.
 """
 
 from __future__ import annotations

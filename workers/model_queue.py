@@ -6,12 +6,11 @@ transitions: `StreamReader` (reader.py) reads while the state has room, `Admissi
 batches as `next_batch` decides, `Answering` (answering.py) runs them and publishes the
 results, and `Takeover` (takeover.py) keeps our entries claimed and takes over a dead
 worker's. How reading ahead, catching up and running on the loop's thread play together is
-told in queue_state.py.
+told in queue_state.py. The read and recovery loops run under a supervisor
+(shared/supervision.py): one that fails is run again, and the queue is not `up` meanwhile.
 """
 
 from __future__ import annotations
-
-import asyncio
 
 import redis.asyncio as aioredis
 import torch
@@ -19,6 +18,7 @@ from sluice.shared import keys
 from sluice.shared.idle_poll import DEFAULT_WINDOW_US, IdlePoll
 from sluice.shared.model_config import ModelSpec
 from sluice.shared.queue_policy import QueuePolicy
+from sluice.shared.supervision import Supervisor
 from sluice.shared.transaction_policy import is_decoupled
 from sluice.workers.admission import Admission
 from sluice.workers.answering import Answering
@@ -119,11 +119,19 @@ class ModelQueue:
         recovery = recovery or RecoveryPolicy()
         recoveries = [Recovery(redis, spec.name, s, consumer, recovery) for s in streams]
         self.takeover = Takeover(spec.name, recoveries, self.state, self.admission, self.answering)
+        #: runs the read and recovery loops again when they fail. An entry read by a failed
+        #: read is pending on this consumer: recovery takes it over once it idled long enough.
+        self.background = Supervisor()
 
     @property
     def streams(self) -> list[str]:
         """The model's request streams, one per priority level."""
         return list(self.admission.streams)
+
+    @property
+    def up(self) -> bool:
+        """Its read and recovery loops run (the worker is not ready while one is down)."""
+        return self.background.up
 
     @property
     def batches_done(self) -> int:
@@ -147,15 +155,12 @@ class ModelQueue:
         if not await self.reading.join_groups():
             self.instances.shutdown()
             return
-        helpers = [
-            asyncio.create_task(self.reading.run(), name=f"read:{self.spec.name}"),
-            asyncio.create_task(self.takeover.run(), name=f"recover:{self.spec.name}"),
-        ]
+        self.background.start(f"read:{self.spec.name}", self.reading.run)
+        self.background.start(f"recover:{self.spec.name}", self.takeover.run)
         try:
             await self.batching.run()
         finally:
-            for task in helpers:
-                task.cancel()
+            await self.background.stop()
             await self.answering.drain()
             if self.responses is not None:
                 await self.responses.wait_closed()

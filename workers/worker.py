@@ -276,9 +276,11 @@ class Worker:
             self.served.stop()
 
     def ready(self) -> bool:
-        """Serving (some model loaded, or none needed: explicit and poll modes), Redis reached."""
-        serving = bool(self.queues) or self.config.model_control_mode != "none"
-        return serving and self.redis_ok
+        """Serving (some model loaded, or none needed: explicit and poll modes), Redis reached,
+        and no queue's read or recovery loop down after a failure."""
+        queues = self.queues
+        serving = bool(queues) or self.config.model_control_mode != "none"
+        return serving and self.redis_ok and all(q.up for q in queues)
 
     async def _startup_models(
         self, manager: ModelManager
