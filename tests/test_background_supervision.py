@@ -29,6 +29,7 @@ from sluice.workers.model_queue import ModelQueue
 from sluice.workers.reader import StreamReader
 from sluice.workers.recovery import RecoveryPolicy
 from sluice.workers.takeover import Takeover
+from sluice.workers.worker import Worker, WorkerConfig
 
 from tests.batch_loop_harness import add_model
 from tests.restart_gate import Gate
@@ -151,19 +152,24 @@ def plus_one(inputs: dict[str, Any]) -> dict[str, Any]:
 class Served:
     queue: ModelQueue
     gate: Gate
+    #: a worker whose one queue is `queue`, its heartbeat through.
+    worker: Worker
 
     async def down_then_up(self, name: str, caplog: pytest.LogCaptureFixture) -> None:
-        """The loop `name` failed: logged, the queue down until it runs again, then up."""
+        """The loop `name` failed: logged, the worker not ready until it runs again."""
         await self.gate.asleep.wait()
         assert logged_bug(caplog, name)
-        assert not self.queue.up  # the worker's /v2/health/ready: 503
+        assert not self.worker.ready()  # its /v2/health/ready: 503
         self.gate.open()
         while not self.queue.up:
             await asyncio.sleep(0)
+        assert self.worker.ready()
 
 
 @pytest.fixture
-async def served(redis_url: str, tmp_path: Path) -> AsyncIterator[Served]:
+async def served(
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Served]:
     """The "add" model's queue, which takes a read entry over once it idled 300 ms."""
     redis_client = async_client(redis_url)
     reader = async_client(redis_url, socket_timeout_s=None)
@@ -179,10 +185,15 @@ async def served(redis_url: str, tmp_path: Path) -> AsyncIterator[Served]:
     )
     gate = Gate()
     model_queue.background = Supervisor(sleep=gate)
+    worker = Worker(WorkerConfig(model_repository=tmp_path, redis_url=redis_url))
+    monkeypatch.setattr(Worker, "queues", property(lambda _: [model_queue]))
+    worker.redis_ok = True
+    assert worker.ready()
     running = asyncio.create_task(model_queue.run())
-    yield Served(model_queue, gate)
+    yield Served(model_queue, gate, worker)
     model_queue.stop()
     await running
+    await worker.redis.aclose()
     await redis_client.aclose()
     await reader.aclose()
 
