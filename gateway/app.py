@@ -73,17 +73,21 @@ def infer_response(outcome: InferOutcome) -> HttpResponse:
     return HttpResponse(200, body_parts, [BINARY, (HEADER_LENGTH_KEY, b"%d" % json_length)])
 
 
+def _content_encoding(request: HttpRequest) -> str | None:
+    """The Content-Encoding as text: any bytes decode as latin-1, so one that is not UTF-8 is
+    an unsupported encoding (400), not a decoding error."""
+    encoding = request.headers.get(b"content-encoding")
+    return encoding.decode("latin-1") if encoding else None
+
+
 def _rest_infer(request: HttpRequest) -> RestInfer:
-    headers = request.headers
-    encoding = headers.get(b"content-encoding")
     return RestInfer(
-        request.body, encoding.decode() if encoding else None, headers.get(HEADER_LENGTH_KEY)
+        request.body, _content_encoding(request), request.headers.get(HEADER_LENGTH_KEY)
     )
 
 
 def _generate_infer(request: HttpRequest) -> GenerateInfer:
-    encoding = request.headers.get(b"content-encoding")
-    return GenerateInfer(request.body, encoding.decode() if encoding else None)
+    return GenerateInfer(request.body, _content_encoding(request))
 
 
 def _job_state(state: JobState) -> HttpResponse:

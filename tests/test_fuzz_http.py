@@ -104,7 +104,8 @@ def test_header_length_values(
 @given(
     model=MODEL_NAMES,
     body=st.binary(max_size=256),
-    encoding=st.none() | st.sampled_from(["gzip", "deflate", "identity", "br", "GZIP", ""]),
+    encoding=st.none()
+    | st.sampled_from(["gzip", "deflate", "identity", "br", "GZIP", "", "g\xe9zip", "\xff"]),
     compress=st.booleans(),
     accept=st.none() | st.sampled_from(["gzip", "deflate", "br", "*"]),
     chunked=st.booleans(),
@@ -199,6 +200,12 @@ def test_version_that_is_digits_but_no_int(service: Service, version: str, actio
 def test_json_data_nested_just_within_the_parser_depth_limit(service: Service) -> None:
     answer = fire(service, "POST", "/v2/models/nobatch/infer", _nested_body(1000))
     assert answer.status == 400
+
+
+def test_a_content_encoding_that_is_not_utf_8_is_a_400(service: Service) -> None:
+    headers = {"Content-Encoding": "g\xe9zip"}  # http.client sends it as latin-1: not UTF-8
+    answer = fire(service, "POST", "/v2/models/nobatch/infer", b"{}", headers)
+    assert answer.status == 400 and b"Content-Encoding" in answer.body
 
 
 def test_still_serving_after_the_fuzz(service: Service) -> None:
