@@ -60,6 +60,8 @@ BACKEND_RULES = (
     BackendRule("tensorrt", "tensorrt", ("tensorrt_plan",), "model.plan"),
     BackendRule("ensemble", "", ("ensemble",), ""),
 )
+#: the kinds Triton's autofill recognises by their model file, in the order it looks.
+_DETECTED_KINDS = ("tensorflow", "tensorrt", "onnxruntime", "openvino", "pytorch", "python")
 #: FIL's default file name follows its `model_type` parameter (fil_backend docs/model_config.md).
 FIL_FILENAMES = {
     "xgboost": "xgboost.model",
@@ -152,10 +154,17 @@ def load_model_config(
     `complete` fills in what the model's own files say, before validation."""
     path = model_dir / CONFIG_FILENAME
     err = _Errors(path)
-    cfg = _parse(path) if config_json is None else _parse_json(config_json, path)
+    if config_json is not None:
+        cfg = _parse_json(config_json, path)
+    elif path.is_file():
+        cfg = _parse(path)
+    else:  # Triton's default (no --strict-model-config): the model's files say what it is
+        cfg = ModelConfig()
     if cfg.name and cfg.name != model_dir.name:
         raise err("name", f"'{cfg.name}' must equal the directory name '{model_dir.name}'")
     cfg.name = cfg.name or model_dir.name
+    if not cfg.platform and not cfg.backend:
+        detect_backend(cfg, model_dir)
     kind = _resolve_backend(cfg, err)
     filename = PurePosixPath(cfg.default_model_filename)
     if filename.is_absolute() or ".." in filename.parts or "\\" in cfg.default_model_filename:
@@ -166,8 +175,10 @@ def load_model_config(
         complete(cfg, model_dir)
     if cfg.max_batch_size < 0:
         raise err("max_batch_size", f"must be >= 0, got {cfg.max_batch_size}")
-    inputs = _tensors(cfg.input, "input", cfg.max_batch_size, err)
-    outputs = _tensors(cfg.output, "output", cfg.max_batch_size, err)
+    # a Python model may declare no tensors (its auto_complete_config may add none)
+    required = kind != "python"
+    inputs = _tensors(cfg.input, "input", cfg.max_batch_size, err, required=required)
+    outputs = _tensors(cfg.output, "output", cfg.max_batch_size, err, required=required)
     parameters = {key: value.string_value for key, value in cfg.parameters.items()}
     batching = _batching(cfg, parameters, err)
     instance_count, instance_kind = _instances(cfg, err)
@@ -230,6 +241,40 @@ def _parse_json(text: str, path: Path) -> ModelConfig:
         raise ModelConfigError(f"{path} (config override): {exc}") from exc
 
 
+def detect_backend(cfg: ModelConfig, model_dir: Path) -> None:
+    """Fill `backend` (TF's `platform`, the file name) of a config that names neither, from its
+    `default_model_filename` or else the files of its first version directory (in name
+    order), as Triton's autofill does; nothing recognised leaves both empty."""
+    rules = [next(r for r in BACKEND_RULES if r.kind == kind) for kind in _DETECTED_KINDS]
+    if cfg.default_model_filename:
+        rule = next((r for r in rules if r.filename == cfg.default_model_filename), None)
+    else:
+        first = _first_version_dir(model_dir)
+        rule = next((r for r in rules if first and _holds(first, r.filename)), None)
+    if rule is not None:
+        cfg.backend = rule.backend
+        cfg.platform = rule.platforms[0] if rule.kind == "tensorflow" else ""
+        cfg.default_model_filename = rule.filename
+
+
+def _first_version_dir(model_dir: Path) -> Path | None:
+    try:
+        versions = sorted(p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+    except OSError:
+        return None  # loading the model says why
+    return versions[0] if versions else None
+
+
+def _holds(version_dir: Path, filename: str) -> bool:
+    """A SavedModel is a directory, a TensorRT plan a file, the others either."""
+    path = version_dir / filename
+    if filename == "model.savedmodel":
+        return path.is_dir()
+    if filename == "model.plan":
+        return path.is_file()
+    return path.exists()
+
+
 def _resolve_backend(cfg: ModelConfig, err: _Errors) -> str:
     """Fill platform/backend/default filename as Triton's autofill does; return the kind."""
     platform, backend = cfg.platform, cfg.backend
@@ -261,9 +306,14 @@ def _default_filename(kind: str, parameters: dict[str, str]) -> str:
 
 
 def _tensors(
-    ios: Sequence[ModelInput] | Sequence[ModelOutput], label: str, max_batch_size: int, err: _Errors
+    ios: Sequence[ModelInput] | Sequence[ModelOutput],
+    label: str,
+    max_batch_size: int,
+    err: _Errors,
+    *,
+    required: bool,
 ) -> tuple[TensorSpec, ...]:
-    if not ios:
+    if not ios and required:
         raise err(label, "must list at least one tensor")
     seen: set[str] = set()
     specs = []

@@ -1,5 +1,7 @@
 """Scan a Triton-layout model repository: `<repo>/<model>/config.pbtxt` and `<N>/` version dirs.
 
+A model without config.pbtxt is auto-completed from its files, as Triton does by default.
+
 A bad model never stops the scan: its entry carries the reason, as Triton keeps serving the
 models that load and reports the others as UNAVAILABLE with a reason.
 """
@@ -10,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sluice.shared.errors import ModelConfigError
-from sluice.shared.model_config import CONFIG_FILENAME, Completer, ModelSpec, load_model_config
+from sluice.shared.model_config import Completer, ModelSpec, load_model_config
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +67,6 @@ def scan_model(
     """One model directory as an entry; `config_json` overrides its config.pbtxt (a load's
     config parameter), `complete` fills in what its files say (see load_model_config)."""
     name = model_dir.name
-    if config_json is None and not (model_dir / CONFIG_FILENAME).is_file():
-        return ModelEntry(name, model_dir, None, (), f"no {CONFIG_FILENAME}")
     try:
         spec = load_model_config(model_dir, config_json=config_json, complete=complete)
         versions = select_versions(model_dir, spec.version_policy)
