@@ -35,6 +35,7 @@ from sluice.shared.registry import (
 )
 from sluice.shared.repository_control import DesiredModel, decode_all
 from sluice.shared.signature import Signature
+from sluice.shared.when_full import past_maxmemory
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +167,8 @@ class ModelTable:
             info={"inflight": self.inflight()},
         )
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hset(keys.FLEET, self.gateway_id, me.encode())
+            # a full Redis still takes it (shared/when_full.py); the rest are reads
+            pipe.execute_command(*past_maxmemory("HSET", keys.FLEET, self.gateway_id, me.encode()))
             pipe.expire(keys.reply_stream(self.gateway_id), REPLY_STREAM_TTL_S)
             pipe.hgetall(keys.MODELS)
             pipe.hgetall(keys.FLEET)

@@ -28,6 +28,7 @@ from sluice.shared.errors import error_from_code
 from sluice.shared.http_messages import HttpRequest
 from sluice.shared.protocol import Request, Result, decode_results
 from sluice.shared.redis_client import OUT_OF_MEMORY, async_client, out_of_memory
+from sluice.shared.registry import MEMBER_TTL_S, live_members, now_ms
 from sluice.shared.repository_control import declare
 from sluice.workers.batcher import Pending
 from sluice.workers.pending import Queued
@@ -36,7 +37,7 @@ from sluice.workers.refused_results import REFUSED
 from tritonclient.utils import InferenceServerException
 
 from sluice.embedded_redis import EmbeddedRedis
-from tests.conftest import Service, start_service, stop_service
+from tests.conftest import Service, start_service, stop_service, wait_until
 from tests.grpc_calls import grpc_input
 
 BALLAST = "test:ballast"
@@ -64,11 +65,12 @@ def fleet(model_repo: Path, server: EmbeddedRedis) -> Iterator[tuple[Service, re
 
 @contextlib.contextmanager
 def redis_full(client: redis.Redis) -> Iterator[None]:
-    """Redis over its maxmemory while inside; room again (the ballast gone) afterwards."""
+    """Redis over its maxmemory while inside (a ballast key past a limit set just above what
+    it held before); room again, the ballast gone, afterwards."""
     client.config_set("maxmemory", 0)
-    client.set(BALLAST, b"\0" * BALLAST_BYTES)
     used = int(client.info("memory")["used_memory"])
-    client.config_set("maxmemory", used - BALLAST_BYTES // 2)
+    client.setrange(BALLAST, BALLAST_BYTES - 1, b"\0")  # built in Redis: no large command
+    client.config_set("maxmemory", used + BALLAST_BYTES // 4)
     try:
         yield
     finally:
@@ -137,6 +139,22 @@ def test_a_refused_job_leaves_no_job_behind(fleet: tuple[Service, redis.Redis]) 
     assert call(service, "POST", path, affine_body(2.0, "oom-job-1"))[0] == 202
     status, result, _ = call(service, "GET", "/v2/jobs/oom-job-1?wait=30")
     assert status == 200 and result["outputs"][0]["data"] == [5.0] * 4
+
+
+def test_a_full_redis_leaves_the_fleet_alive_and_ready(fleet: tuple[Service, redis.Redis]) -> None:
+    service, client = fleet
+    with redis_full(client):
+        start = now_ms()
+
+        def beaten() -> bool:
+            members, _ = live_members(client.hgetall(keys.FLEET), now_ms())
+            late = start + MEMBER_TTL_S * 1000
+            return {m.kind for m in members if m.heartbeat_ms > late} == {"gateway", "worker"}
+
+        wait_until(beaten, "heartbeats past the member TTL while Redis is full")
+        assert call(service, "GET", "/v2/health/ready")[0] == 200
+        status, body, _ = call(service, "POST", "/v2/models/affine/infer", affine_body(1.0))
+        assert (status, body) == (503, {"error": NOT_QUEUED})
 
 
 def test_a_refused_bulk_job_leaves_nothing_a_retry_would_find(

@@ -22,7 +22,7 @@ from sluice.shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DrainDeadline,
 from sluice.shared.gc_tuning import settle_after_startup
 from sluice.shared.idle_poll import DEFAULT_WINDOW_US
 from sluice.shared.model_config import ModelSpec
-from sluice.shared.redis_client import REDIS_ERRORS, async_client, initialized
+from sluice.shared.redis_client import REDIS_ERRORS, async_client, initialized, out_of_memory
 from sluice.shared.registry import (
     HEARTBEAT_INTERVAL_S,
     SEQUENCES,
@@ -39,6 +39,7 @@ from sluice.shared.repository_control import (
     read_desired,
 )
 from sluice.shared.tasks import stop_tasks
+from sluice.shared.when_full import past_maxmemory
 from sluice.workers.backends import Infer, complete_config
 from sluice.workers.device_sampler import DeviceSampler
 from sluice.workers.health import HEALTH_SHUTDOWN_S, serve_health
@@ -51,6 +52,17 @@ from sluice.workers.recovery import RecoveryPolicy
 from sluice.workers.served_models import ServedModels
 
 log = logging.getLogger(__name__)
+
+
+def _raise_unless_full(replies: list[Any]) -> None:
+    """A heartbeat's error replies: Redis out of memory refused the model records (they go
+    again next beat; the heartbeat itself got in); any other error is raised."""
+    errors = [reply for reply in replies if isinstance(reply, Exception)]
+    for error in errors:
+        if not out_of_memory(error):
+            raise error
+    if errors:
+        log.warning("Redis is out of memory: model records not refreshed")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -185,7 +197,8 @@ class Worker:
         for name, status in self.statuses.items():
             if not status.ready_versions:
                 pipe.hsetnx(keys.MODELS, name, encode_model_record(None, [], status.reason))
-        pipe.hset(keys.FLEET, self.id, self._member().encode())
+        # a full Redis still takes it: a fleet whose Redis is full is not dead
+        pipe.execute_command(*past_maxmemory("HSET", keys.FLEET, self.id, self._member().encode()))
 
     def _member(self) -> Member:
         queues = self.queues
@@ -207,7 +220,8 @@ class Worker:
                 if self.explicit:
                     pipe.hgetall(keys.DESIRED)
                 try:
-                    replies = await pipe.execute()
+                    replies = await pipe.execute(raise_on_error=False)
+                    _raise_unless_full(replies)
                     self.redis_ok = True
                 except REDIS_ERRORS as exc:  # Redis down: keep serving, report when it is back
                     self.redis_ok = False
