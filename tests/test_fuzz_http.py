@@ -1,8 +1,9 @@
-"""Fuzzing the HTTP API of a live `sluice serve` with hypothesis, over plain http.client.
+"""Fuzzing the HTTP API of a live `sluice serve` with hypothesis, over plain http.client and
+over raw sockets (framing no client would send).
 
 Whatever arrives, the server must answer: never a 5xx other than 503, every non-2xx with a
-JSON body holding a string "error", no hang, and afterwards it must still serve valid
-requests correctly.
+JSON body holding a string "error", no hang; afterwards it must still serve valid requests
+correctly, with the same workers, and its memory must not have grown with what it was sent.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import gzip
 import json
 import os
 import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -23,10 +26,12 @@ from tests.http_fuzz_client import (
     HEADER_LENGTH,
     assert_still_serving,
     call,
+    check,
     fire,
     infer_json,
     tensor_json,
 )
+from tests.http_fuzz_raw import Exchange, exchange, exchanges
 from tests.http_fuzz_strategies import (
     INFER_LIKE,
     JSON_VALUES,
@@ -41,6 +46,7 @@ from tests.http_fuzz_strategies import (
     path_segments,
     valid_inputs,
 )
+from tests.process_tree import alive, descendants, rss_mb
 
 #: SLUICE_FUZZ_EXAMPLES=2000 for a longer hunt; the default keeps the file under a minute.
 FUZZ = settings(
@@ -48,6 +54,22 @@ FUZZ = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
+
+
+#: what the gateway's RSS may grow by over the module: code paths warmed, caches filled.
+RSS_GROWTH_MB = 32
+
+
+@dataclass
+class Baseline:
+    rss_mb: float
+    processes: set[int]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def baseline(service: Service) -> Iterator[Baseline]:
+    """The serve process's memory and its processes (workers) before the fuzz."""
+    yield Baseline(rss_mb(service.process.pid), descendants(service.process.pid))
 
 
 # ----------------------------------------------------------------------------- tests
@@ -160,6 +182,25 @@ def test_random_paths_and_methods(
     event(f"HTTP {answer.status}")
 
 
+@FUZZ
+@given(case=exchanges())
+def test_raw_framing_and_pipelining(service: Service, case: Exchange) -> None:
+    answers, closed = exchange(service, case.data, len(case.expected))
+    what = f"raw {case.data[:600]!r}"
+    for answer in answers:
+        check(answer, "POST", what)
+    # the requests framed correctly before any that is not are answered, in order
+    assert len(answers) >= len(case.expected), (what, answers)
+    for (target, served), answer in zip(case.expected, answers, strict=False):
+        if served:
+            assert answer.status == 200, (what, target, answer)
+        if answer.status == 200 and target.endswith(b"/infer"):
+            assert b'"outputs"' in answer.body, (what, answer)
+    if case.whole:
+        assert closed and len(answers) == len(case.expected), (what, answers)
+    event(f"{len(case.expected)} framed correctly, {len(answers)} answers")
+
+
 def _nest(depth: int) -> str:
     return "[" * depth + "1.0" + "]" * depth
 
@@ -208,8 +249,11 @@ def test_a_content_encoding_that_is_not_utf_8_is_a_400(service: Service) -> None
     assert answer.status == 400 and b"Content-Encoding" in answer.body
 
 
-def test_still_serving_after_the_fuzz(service: Service) -> None:
+def test_still_serving_after_the_fuzz(service: Service, baseline: Baseline) -> None:
     assert_still_serving(service)
+    pid = service.process.pid
+    assert all(alive(process) for process in baseline.processes), "a worker died"
+    assert rss_mb(pid) - baseline.rss_mb <= RSS_GROWTH_MB, (baseline.rss_mb, rss_mb(pid))
     # batch8 waits up to 1 s for a batch: one request only
     out = infer_json(service, "batch8", [tensor_json("IN", "FP32", [1, 4], [1.0, -2.0, 0.5, 8.0])])
     assert out["OUT"]["shape"] == [1, 4]
