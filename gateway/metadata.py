@@ -16,8 +16,12 @@ from sluice.shared.stats import (
     triton_model_stats,
 )
 
-SERVER_NAME = "sluice"
-SERVER_VERSION = "0.1.0"
+from sluice import __version__
+
+# A Triton client sees the Triton release whose protocol sluice answers (NVIDIA's examples check the
+# name); sluice names itself, with its own version, among the extensions.
+SERVER_NAME = "triton"
+SERVER_VERSION = "2.51.0"
 EXTENSIONS = (
     "binary_tensor_data",
     "model_configuration",
@@ -26,6 +30,7 @@ EXTENSIONS = (
     "model_repository(unload_dependents)",
     "schedule_policy",
     "parameters",
+    f"sluice/{__version__}",
 )
 
 

@@ -36,7 +36,10 @@ def test_health_and_server_metadata(client: httpclient.InferenceServerClient) ->
     assert client.is_server_live()
     assert client.is_server_ready()
     meta = client.get_server_metadata()
+    assert meta["name"] == "triton"  # NVIDIA's examples check it; sluice names itself in extensions
+    assert meta["version"] == "2.51.0"
     assert {"binary_tensor_data", "model_configuration", "statistics"} <= set(meta["extensions"])
+    assert "sluice/0.1.0" in meta["extensions"]
 
 
 def test_model_metadata_and_config(client: httpclient.InferenceServerClient) -> None:

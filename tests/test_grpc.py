@@ -47,7 +47,8 @@ def test_health_and_server_metadata(client: grpcclient.InferenceServerClient) ->
     assert client.is_server_live()
     assert client.is_server_ready()
     meta = client.get_server_metadata(as_json=True)
-    assert meta["name"] == "sluice"
+    assert (meta["name"], meta["version"]) == ("triton", "2.51.0")
+    assert "sluice/0.1.0" in meta["extensions"]
     assert {"binary_tensor_data", "model_configuration", "statistics"} <= set(meta["extensions"])
 
 
