@@ -124,3 +124,61 @@ def test_closing_removes_the_reply_stream(redis: Any, redis_url: str) -> None:
     assert redis.exists(client.reply_stream)
     client.close()
     assert not redis.exists(client.reply_stream)
+
+
+# -- decoupled calls ------------------------------------------------------------------------
+
+
+def _request_on_stream(redis: Any) -> Any:
+    stream = keys.request_stream("target")
+    wait_until(lambda: redis.xlen(stream) == 1, "the request on the target's stream")
+    ((_, fields),) = redis.xrange(stream)
+    (request,) = decode_requests(fields)
+    return request
+
+
+def _out(value: int) -> list[Tensor]:
+    return [Tensor("OUT", "INT8", (1, 1), bytes([value]))]
+
+
+def test_a_decoupled_call_gets_every_response_in_order(redis: Any, bls: BlsClient) -> None:
+    """Responses as the target sends them, the flag-only final one included; the ones a
+    worker that took the request over sends again are not repeated."""
+    _register(redis, CONFIG)
+    streamed = bls.submit_streamed(_call())
+    request = _request_on_stream(redis)
+    arriving = iter(streamed)
+    redis.xadd(request.reply_to, encode_results([Result(request.id, _out(1), None, 0, False)]))
+    first = next(arriving)  # before the target is done
+    assert (bytes(first.outputs[0].data), first.final) == (b"\x01", False)
+    assert not streamed.finished.done()
+    replies = [
+        Result(request.id, _out(2), None, 1, False),
+        Result(request.id, _out(1), None, 0, False),  # a takeover's replay
+        Result(request.id, [], None, 2, True),
+    ]
+    redis.xadd(request.reply_to, encode_results(replies))
+    rest = list(arriving)
+    assert [(bytes(r.outputs[0].data) if r.outputs else None, r.final) for r in rest] == [
+        (b"\x02", False),
+        (None, True),
+    ]
+    assert streamed.finished.done()
+
+
+def test_a_decoupled_call_to_an_ordinary_model_gets_its_one_answer(
+    redis: Any, bls: BlsClient
+) -> None:
+    _register(redis, CONFIG)
+    streamed = bls.submit_streamed(_call())
+    request = _request_on_stream(redis)
+    redis.xadd(request.reply_to, encode_results([Result(request.id, _out(7))]))
+    (only,) = list(streamed)
+    assert (bytes(only.outputs[0].data), only.final) == (b"\x07", True)
+
+
+def test_a_failed_decoupled_call_is_one_final_error(bls: BlsClient) -> None:
+    (only,) = list(bls.submit_streamed(_call(model="absent")))
+    assert only.final
+    assert only.error is not None
+    assert only.error[0] == "NOT_FOUND"

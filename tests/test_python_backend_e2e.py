@@ -146,6 +146,33 @@ def _modes(client: httpclient.InferenceServerClient, modes: list[int]) -> list:
     ]
 
 
+@pytest.mark.parametrize("n", [3, 0])
+def test_a_decoupled_bls_call_streams_every_response(
+    client: httpclient.InferenceServerClient, n: int
+) -> None:
+    """bls_decoupled has no config.pbtxt (auto-completed); it iterates square_decoupled's n
+    responses and its flag-only final one, as python_backend's bls_decoupled example."""
+    result = client.infer("bls_decoupled", [_input("IN", np.array([n], np.int32), "INT32")])
+    assert result.as_numpy("SUM").tolist() == [n * n]
+    assert result.as_numpy("COUNT").tolist() == [n + 1]
+    config = client.get_model_config("bls_decoupled")
+    assert (config["backend"], [i["name"] for i in config["input"]]) == ("python", ["IN"])
+
+
+def test_a_failed_decoupled_bls_call_is_an_error_response(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    with pytest.raises(InferenceServerException, match="unknown model: 'absent'"):
+        client.infer("bls_decoupled", [_input("IN", np.array([-1], np.int32), "INT32")])
+
+
+def test_async_decoupled_bls_calls_awaited_together(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    result = client.infer("bls_decoupled_async", [_input("IN", np.array([4], np.int32), "INT32")])
+    assert result.as_numpy("SUM").tolist() == [2 * 4 * 4]
+
+
 def test_a_per_request_error_answers_that_request_alone_with_tritons_status(
     client: httpclient.InferenceServerClient,
 ) -> None:

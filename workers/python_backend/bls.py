@@ -17,10 +17,12 @@ import concurrent.futures
 import itertools
 import logging
 import os
+import queue
 import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,8 +74,41 @@ class BlsCall:
     wait_s: float = DEFAULT_WAIT_S
 
 
+class StreamedResults:
+    """A decoupled call's results in the order the target sent them, the last one final (a
+    failure is one final result with an error); filled by the client's loop, read from any
+    thread."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Result] = queue.SimpleQueue()
+        #: done once the final result is in.
+        self.finished: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+    def put(self, result: Result) -> None:
+        self._queue.put(result)
+        if result.final and not self.finished.done():
+            self.finished.set_result(None)
+
+    def __iter__(self) -> Iterator[Result]:
+        """Each result as it comes (blocking), up to the final one."""
+        while True:
+            result = self._queue.get()
+            yield result
+            if result.final:
+                return
+
+
 def submit(call: BlsCall) -> concurrent.futures.Future[Result]:
     """The call's result (a Result with an error when it failed: never an exception)."""
+    return _shared_client().submit(call)
+
+
+def submit_streamed(call: BlsCall) -> StreamedResults:
+    """A call to a decoupled model: every response it sends, as it sends them."""
+    return _shared_client().submit_streamed(call)
+
+
+def _shared_client() -> BlsClient:
     global _client
     with _lock:
         if _client is None:
@@ -81,8 +116,15 @@ def submit(call: BlsCall) -> concurrent.futures.Future[Result]:
                 raise RuntimeError("BLS is only available inside a sluice worker")
             _client = BlsClient(_redis_url)
             atexit.register(_client.close)
-        client = _client
-    return client.submit(call)
+        return _client
+
+
+@dataclass(slots=True)
+class _Stream:
+    results: StreamedResults
+    #: the next response number expected: a worker that took the request over after another
+    #: died mid-stream sends the first ones again.
+    next_seq: int = 0
 
 
 @dataclass(slots=True)
@@ -106,16 +148,47 @@ class BlsClient:
         self._ids = itertools.count()
         self.reply_stream = keys.reply_stream(member)
         self._waiting: dict[str, asyncio.Future[Result]] = {}
+        self._streams: dict[str, _Stream] = {}
         self._targets: dict[str, _Target] = {}
         self._redis: Any = None
         self._reader: asyncio.Task[None] | None = None
         self._connected: asyncio.Future[None] | None = None
 
     def submit(self, call: BlsCall) -> concurrent.futures.Future[Result]:
-        return asyncio.run_coroutine_threadsafe(self._call(call), self._loop)
-
-    async def _call(self, call: BlsCall) -> Result:
         request_id = f"{self._prefix}:{next(self._ids)}"
+        return asyncio.run_coroutine_threadsafe(self._call(request_id, call), self._loop)
+
+    def submit_streamed(self, call: BlsCall) -> StreamedResults:
+        results = StreamedResults()
+        request_id = f"{self._prefix}:{next(self._ids)}"
+        asyncio.run_coroutine_threadsafe(self._streamed(request_id, call, results), self._loop)
+        return results
+
+    async def _streamed(self, request_id: str, call: BlsCall, results: StreamedResults) -> None:
+        """Responses go to `results` as they come (`_on_streamed`); a target that is not
+        decoupled answers once, and a failure is one error: either is the final result."""
+        self._streams[request_id] = _Stream(results)
+        try:
+            last = await self._call(request_id, call)
+        except asyncio.CancelledError:
+            results.put(Result(request_id, error=("UNAVAILABLE", "the BLS client closed")))
+            raise
+        finally:
+            del self._streams[request_id]
+        if last.seq is None:
+            results.put(last)
+
+    def _on_streamed(self, result: Result) -> None:
+        stream = self._streams.get(result.id)
+        if stream is None or result.seq is None or result.seq < stream.next_seq:
+            return
+        stream.next_seq = result.seq + 1
+        stream.results.put(result)
+        answer = self._waiting.get(result.id)
+        if result.final and answer is not None and not answer.done():
+            answer.set_result(result)
+
+    async def _call(self, request_id: str, call: BlsCall) -> Result:
         try:
             return await self._infer(request_id, call)
         except SluiceError as exc:
@@ -213,7 +286,7 @@ class BlsClient:
 
     def _resolve(self, fields: Any) -> None:
         try:
-            settle_results(fields, self._waiting)
+            settle_results(fields, self._waiting, self._on_streamed)
         except ProtocolError as exc:
             log.error("undecodable BLS reply entry: %s", exc)
 

@@ -176,9 +176,7 @@ class InferenceRequest:
 
     # -- BLS ---------------------------------------------------------------------------------
 
-    def _bls_call(self, decoupled: bool) -> bls.BlsCall:
-        if decoupled:
-            raise TritonModelException("decoupled BLS calls are not supported by sluice yet")
+    def _bls_call(self) -> bls.BlsCall:
         if not self.model_name:
             raise TritonModelException("a BLS request needs model_name")
         params: dict[str, Any] = orjson.loads(self._parameters)
@@ -200,14 +198,51 @@ class InferenceRequest:
             self._timeout / 1e6 if self._timeout else bls.DEFAULT_WAIT_S,
         )
 
-    def exec(self, decoupled: bool = False) -> InferenceResponse:
-        """Run the request on its model, wherever the fleet serves it, and wait."""
-        return _response(bls.submit(self._bls_call(decoupled)).result())
+    def exec(self, decoupled: bool = False) -> InferenceResponse | ResponseIterator:
+        """Run the request on its model, wherever the fleet serves it, and wait; `decoupled`:
+        iterate over its responses as they come."""
+        if decoupled:
+            return ResponseIterator(bls.submit_streamed(self._bls_call()))
+        return _response(bls.submit(self._bls_call()).result())
 
-    async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
-        """`exec()` as an awaitable, for `async def execute`."""
-        result = await asyncio.wrap_future(bls.submit(self._bls_call(decoupled)))
+    async def async_exec(self, decoupled: bool = False) -> InferenceResponse | ResponseIterator:
+        """`exec()` as an awaitable, for `async def execute`; a decoupled call's iterator
+        comes once every response is in, so that iterating it never blocks the loop."""
+        if decoupled:
+            streamed = bls.submit_streamed(self._bls_call())
+            await asyncio.wrap_future(streamed.finished)
+            return ResponseIterator(streamed)
+        result = await asyncio.wrap_future(bls.submit(self._bls_call()))
         return _response(result)
+
+
+class ResponseIterator:
+    """Triton's iterator over a decoupled BLS call's responses: each as it arrives, the last
+    one flagged final by the target (empty when the target sent the flag alone); a failure is
+    one response with its error. Iterated again once finished, it starts over."""
+
+    def __init__(self, streamed: bls.StreamedResults) -> None:
+        self._arriving = iter(streamed)
+        self._seen: list[InferenceResponse] = []
+        self._next = 0
+        self._finished = False
+
+    def __iter__(self) -> ResponseIterator:
+        if self._finished and self._next >= len(self._seen):
+            self._next = 0
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        if self._next < len(self._seen):
+            self._next += 1
+            return self._seen[self._next - 1]
+        if self._finished:
+            raise StopIteration
+        result = next(self._arriving)
+        self._finished = result.final
+        self._seen.append(_response(result))
+        self._next = len(self._seen)
+        return self._seen[-1]
 
 
 def _response(result: Result) -> InferenceResponse:
