@@ -17,6 +17,7 @@ from typing import Any
 
 from sluice.gateway.dispatcher import Dispatcher
 from sluice.gateway.model_table import ModelTable, ModelView
+from sluice.gateway.outage import RETRY_AFTER_S
 from sluice.gateway.outbox import Route
 from sluice.shared import keys
 from sluice.shared.ensemble import CLIENT, EnsembleError, Plan, build_plan, collect_configs
@@ -24,6 +25,7 @@ from sluice.shared.ensemble_wire import Continuation, step_request
 from sluice.shared.errors import ModelNotReady, SluiceError
 from sluice.shared.infer_codec import ParsedInfer
 from sluice.shared.protocol import Request, Result, encode_requests
+from sluice.shared.redis_client import REDIS_ERRORS, redis_failure
 from sluice.shared.redis_wire import xadd
 from sluice.shared.signature import validate_inputs
 from sluice.shared.stats import BatchStats, stats_record
@@ -98,7 +100,11 @@ class Ensembles:
             pipe = self.dispatcher.redis.pipeline(transaction=False)
             for command in sends:
                 pipe.execute_command(*command)
-            await pipe.execute()
+            try:
+                await pipe.execute()
+            except REDIS_ERRORS as exc:  # out of memory: Redis refuses every one of them
+                unreachable = "queue unavailable"
+                raise redis_failure(exc, "request not queued", unreachable, RETRY_AFTER_S) from None
         _, request = step_request(parent, cont, first, tensors, started)
         composing = self.table.get(plan.steps[first].model)
         assert composing.signature is not None

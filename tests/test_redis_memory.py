@@ -24,9 +24,11 @@ import tritonclient.grpc as grpcclient
 from sluice.gateway.app import http_error
 from sluice.gateway.grpc_app import grpc_status
 from sluice.shared import keys
+from sluice.shared.ensemble import CLIENT, build_plan
+from sluice.shared.ensemble_wire import Continuation
 from sluice.shared.errors import error_from_code
 from sluice.shared.http_messages import HttpRequest
-from sluice.shared.protocol import Request, Result, decode_results
+from sluice.shared.protocol import Request, Result, Tensor, decode_results
 from sluice.shared.redis_client import OUT_OF_MEMORY, async_client, out_of_memory
 from sluice.shared.registry import MEMBER_TTL_S, live_members, now_ms
 from sluice.shared.repository_control import declare
@@ -39,6 +41,7 @@ from tritonclient.utils import InferenceServerException
 from sluice.embedded_redis import EmbeddedRedis
 from tests.conftest import Service, start_service, stop_service, wait_until
 from tests.grpc_calls import grpc_input
+from tests.test_ensemble_plan import INC, chain
 
 BALLAST = "test:ballast"
 BALLAST_BYTES = 16 << 20
@@ -197,29 +200,63 @@ async def test_a_load_refused_for_memory_records_nothing(
     )
 
 
+async def publish_while_full(
+    server: EmbeddedRedis,
+    client: redis.Redis,
+    model: str,
+    requests: list[Request],
+    results: list[Result],
+) -> str:
+    """`results` of `requests` (one stream entry of `model`'s, read by a worker) published
+    while Redis is full; the entry's stream."""
+    stream = keys.request_stream(model)
+    client.xgroup_create(stream, keys.WORKER_GROUP, id="0", mkstream=True)
+    entry_id = client.xadd(stream, {"h": b"", "d": b""})
+    client.xreadgroup(keys.WORKER_GROUP, "oom-worker", {stream: ">"})
+    items = [Queued(request, stream, entry_id, Pending(1, 1, 0)) for request in requests]
+    redis_async = async_client(server.url)
+    publisher = Publisher(redis_async, model, set())
+    publisher.hold(stream, entry_id, len(items))
+    try:
+        with redis_full(client):
+            await publisher.publish(items, results)
+    finally:
+        await publisher.close()
+        await redis_async.aclose()
+    return stream
+
+
+def answers_on(client: redis.Redis, reply_to: str) -> list[tuple[str, tuple[str, str] | None]]:
+    return [(r.id, r.error) for _, f in client.xrange(reply_to) for r in decode_results(f)]
+
+
 async def test_results_refused_for_memory_end_each_request_in_one_error(
     fleet: tuple[Service, redis.Redis], server: EmbeddedRedis
 ) -> None:
     _, client = fleet
-    stream, reply_to = keys.request_stream("oom-model"), keys.reply_stream("oom-gateway")
-    client.xgroup_create(stream, keys.WORKER_GROUP, id="0", mkstream=True)
-    entry_id = client.xadd(stream, {"h": b"", "d": b""})
-    client.xreadgroup(keys.WORKER_GROUP, "oom-worker", {stream: ">"})
+    reply_to = keys.reply_stream("oom-gateway")
     requests = [Request(f"oom-{i}", 1, 0, reply_to, []) for i in range(3)]
-    items = [Queued(request, stream, entry_id, Pending(1, 1, 0)) for request in requests]
-    redis_async = async_client(server.url)
-    publisher = Publisher(redis_async, "oom-model", set())
-    publisher.hold(stream, entry_id, len(items))
-    try:
-        with redis_full(client):
-            await publisher.publish(items, [Result(r.id) for r in requests])
-    finally:
-        await publisher.close()
-        await redis_async.aclose()
-    answers = [r for _, fields in client.xrange(reply_to) for r in decode_results(fields)]
+    results = [Result(r.id) for r in requests]
+    stream = await publish_while_full(server, client, "oom-model", requests, results)
     refused = ("RESOURCE_EXHAUSTED", REFUSED)
-    assert [(a.id, a.error) for a in answers] == [(r.id, refused) for r in requests]
+    assert answers_on(client, reply_to) == [(r.id, refused) for r in requests]
     assert client.xpending(stream, keys.WORKER_GROUP)["pending"] == 0
     # the gateway answers such a request as it answers one it could not queue
     error = error_from_code(*refused)
     assert (error.http_status, grpc_status(error)[0]) == (503, grpc.StatusCode.RESOURCE_EXHAUSTED)
+
+
+async def test_an_ensemble_step_refused_for_memory_answers_its_request(
+    fleet: tuple[Service, redis.Redis], server: EmbeddedRedis
+) -> None:
+    _, client = fleet
+    plan = build_plan("chain", {"chain": chain(), "inc": INC})
+    reply_to = keys.reply_stream("oom-gateway-2")
+    cont = Continuation(plan, CLIENT, reply_to, None, (0, 0), 30_000)
+    one = np.ones((1, 1), np.float32).tobytes()
+    step = Request("oom-e", 1, 0, reply_to, [Tensor("X", "FP32", (1, 1), one)], None, {})
+    step.continuation = cont.at(0).encode()
+    done = Result(step.id, [Tensor("Y", "FP32", (1, 1), one)])
+    stream = await publish_while_full(server, client, "inc", [step], [done])
+    assert answers_on(client, reply_to) == [(step.id, ("RESOURCE_EXHAUSTED", REFUSED))]
+    assert client.xlen(stream) == 0  # the next step was not queued; this one is acknowledged

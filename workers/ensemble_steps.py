@@ -5,7 +5,8 @@ returns the commands that must reach Redis before the batch is acknowledged (sen
 pipeline, ahead of the ack), so a worker killed before the ack leaves the step to be taken over
 and run again, never lost. Steps fed by this one alone get their request at once; steps that
 join several producers go through the request's join state (one JOIN call per request, all in
-one round trip). A failed step answers the gateway with its error at once.
+one round trip). A failed step answers the gateway with its error at once, and so does one whose
+join state or next request Redis refuses for memory (workers/refused_results.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from sluice.shared.ensemble_wire import (
     Continuation,
@@ -25,7 +27,9 @@ from sluice.shared.ensemble_wire import (
     step_request,
 )
 from sluice.shared.protocol import Request, Result, Tensor, encode_requests, encode_results
+from sluice.shared.redis_client import out_of_memory
 from sluice.shared.redis_wire import Command, Wire, xadd
+from sluice.workers.refused_results import refused_answers
 
 #: the error of a step that did not return an output the ensemble maps.
 MISSING_OUTPUT = "INTERNAL"
@@ -55,18 +59,33 @@ class Onward:
             stream, request = step_request(parent, cont, consumer, tensors, self.now_ns)
             self.requests[stream].append(request)
 
-    def commands(self, reply_maxlen: int) -> list[Command]:
-        sends = [xadd(s, encode_requests(rs)) for s, rs in self.requests.items()]
+    def commands(self, reply_maxlen: int) -> list[Outgoing]:
+        sends = [
+            Outgoing(xadd(s, encode_requests(rs)), [(r.reply_to, r.id) for r in rs])
+            for s, rs in self.requests.items()
+        ]
         sends += [
-            xadd(route, encode_results(rs), "MAXLEN", "~", reply_maxlen)
+            Outgoing(
+                xadd(route, encode_results(rs), "MAXLEN", "~", reply_maxlen),
+                [(route, r.id) for r in rs],
+            )
             for route, rs in self.answers.items()
         ]
         return sends
 
 
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """A command that carries ensemble requests on, and who waits for them: the gateway reply
+    stream and id of each request, to answer should Redis refuse the command."""
+
+    command: Command
+    waiting: list[tuple[str, str]]
+
+
 async def continue_steps(
     wire: Wire, finished: Sequence[tuple[Request, Result]], reply_maxlen: int
-) -> list[Command]:
+) -> list[Outgoing]:
     """The commands that carry `finished` steps on (to send before their ack)."""
     onward = Onward()
     joins: list[tuple[Request, Continuation]] = []
@@ -85,8 +104,13 @@ async def continue_steps(
             joins.append((request, cont))
             join_calls.append(call)
     if join_calls:
-        replies = await wire.execute(*join_calls)
+        replies = await wire.execute(*join_calls, raise_on_error=False)
         for (request, cont), reply in zip(joins, replies, strict=True):
+            if isinstance(reply, Exception):
+                if not out_of_memory(reply):
+                    raise reply
+                onward.answers[cont.reply_to] += refused_answers([request.id])
+                continue
             for consumer, tensors in ready_steps(cont, reply):
                 onward.route(request, cont, consumer, tensors)
     return onward.commands(reply_maxlen)

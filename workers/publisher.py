@@ -33,7 +33,7 @@ from sluice.shared.protocol import Result, encode_results, job_event
 from sluice.shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS, out_of_memory
 from sluice.shared.redis_wire import Command, Wire, xadd
 from sluice.shared.stats import FINISH_BATCH, add_increments, stats_record
-from sluice.workers.ensemble_steps import continue_steps
+from sluice.workers.ensemble_steps import Outgoing, continue_steps
 from sluice.workers.pending import Queued
 from sluice.workers.refused_results import REFUSED, answer_command, refused_answers
 
@@ -47,6 +47,10 @@ RETRY_DELAYS_S = (0.05, 0.1, 0.2, 0.5)
 STATS_FLUSH_S = 0.1
 
 EntryKey = tuple[str, bytes]
+
+
+def _refused_for_memory(reply: Any) -> bool:
+    return isinstance(reply, Exception) and out_of_memory(reply)
 
 
 class Publisher:
@@ -194,9 +198,9 @@ class Publisher:
         finish: list[Command],
         count: int,
         done: dict[str, list[bytes]],
-        onward: list[Command],
+        onward: list[Outgoing],
     ) -> None:
-        commands = onward + [
+        commands = [outgoing.command for outgoing in onward] + [
             xadd(route, encode_results(route_results), "MAXLEN", "~", REPLY_STREAM_MAXLEN)
             for route, route_results in by_route.items()
         ]
@@ -221,25 +225,34 @@ class Publisher:
                 for stream, ids in done.items():
                     for entry_id in ids:
                         self.unacked.pop((stream, entry_id), None)
-            error = await self._answer_refused(by_route, replies, len(onward))
+            error = await self._answer_refused(by_route, replies, onward)
             await self._announce_jobs(by_route)
             if error is not None:
                 raise error
             return
 
     async def _answer_refused(
-        self, by_route: dict[str, list[Result]], replies: list[Any], first: int
+        self, by_route: dict[str, list[Result]], replies: list[Any], onward: list[Outgoing]
     ) -> Exception | None:
-        """Answer the requests of each route whose results Redis refused for memory with an
-        error instead (workers/refused_results.py; `first`: the index of the first route's
-        reply); the first other error reply, which the caller raises."""
-        calls = []
-        for index, route in enumerate(list(by_route), first):
-            reply = replies[index]
-            if isinstance(reply, Exception) and out_of_memory(reply):
-                answers = by_route[route] = refused_answers(by_route[route])
-                calls.append(answer_command(route, answers, REPLY_STREAM_MAXLEN))
+        """Answer each request whose result (or next ensemble step) Redis refused for memory
+        with an error instead (workers/refused_results.py); the first other error reply,
+        which the caller raises."""
+        waiting: dict[str, list[str]] = defaultdict(list)
+        for index, outgoing in enumerate(onward):
+            if _refused_for_memory(replies[index]):
+                for route, request_id in outgoing.waiting:
+                    waiting[route].append(request_id)
                 replies[index] = None
+        for index, route in enumerate(list(by_route), len(onward)):
+            if _refused_for_memory(replies[index]):
+                ids = [result.id for result in by_route[route]]
+                waiting[route] += ids
+                by_route[route] = refused_answers(ids)
+                replies[index] = None
+        calls = [
+            answer_command(route, refused_answers(ids), REPLY_STREAM_MAXLEN)
+            for route, ids in waiting.items()
+        ]
         if calls:
             log.error("%s: %s (%d routes)", self.model, REFUSED, len(calls))
             try:

@@ -20,10 +20,10 @@ from sluice.shared.when_full import past_maxmemory
 REFUSED = f"{OUT_OF_MEMORY}: the request ran but its result could not be stored"
 
 
-def refused_answers(results: Sequence[Result]) -> list[Result]:
-    """One final OutOfMemory error for each request among `results`, in order."""
-    ids = dict.fromkeys(result.id for result in results)
-    return [Result(request_id, error=("RESOURCE_EXHAUSTED", REFUSED)) for request_id in ids]
+def refused_answers(request_ids: Sequence[str]) -> list[Result]:
+    """One final OutOfMemory error for each of the requests, in order, each once."""
+    error = ("RESOURCE_EXHAUSTED", REFUSED)
+    return [Result(request_id, error=error) for request_id in dict.fromkeys(request_ids)]
 
 
 def answer_command(route: str, answers: Sequence[Result], maxlen: int) -> Command:
