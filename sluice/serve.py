@@ -34,7 +34,9 @@ from sluice.shared.registry import Member
 
 log = logging.getLogger("sluice.serve")
 
-SLUICE = (sys.executable, "-m", "sluice")
+# -P: the working directory does not lead sys.path, so a checkout's sluice/ folder (which lacks the
+# gateway, shared and workers that an install maps in) cannot shadow the installed package
+SLUICE = (sys.executable, "-P", "-m", "sluice")
 RESTART_DELAY_S = 1.0
 #: children still running this long after the drain timeout get SIGKILL; serve itself exits
 #: (killing what is left) this long again later, whatever it waits on.

@@ -98,16 +98,17 @@ def test_serve_hands_its_children_settings_not_options(model_repo: Path) -> None
             pid: Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1:-1]
             for pid in descendants(service.process.pid)
         }
-        (worker,) = [pid for pid, argv in commands.items() if argv[2:3] == [b"worker"]]
-        (jobs,) = [pid for pid, argv in commands.items() if argv[2:3] == [b"jobs"]]
-        assert commands[worker] == [b"-m", b"sluice", b"worker"]  # a plain worker, no options
+        (worker,) = [pid for pid, argv in commands.items() if argv[3:4] == [b"worker"]]
+        (jobs,) = [pid for pid, argv in commands.items() if argv[3:4] == [b"jobs"]]
+        # a plain worker, no options
+        assert commands[worker] == [b"-P", b"-m", b"sluice", b"worker"]
         settings = _handed_down(worker, WORKER_SETTINGS_ENV)
         assert settings is not None
         assert settings["batch_delay"] == "adaptive" and settings["idle_poll_us"] == 0
         assert settings["claim_idle_ms"] == 5000 and settings["drain_timeout_s"] == 7.0
         assert settings["model_repository"] == str(model_repo)
         assert str(settings["redis_url"]).startswith(("redis://", "unix://"))  # the embedded one
-        assert commands[jobs] == [b"-m", b"sluice", b"jobs", b"worker"]
+        assert commands[jobs] == [b"-P", b"-m", b"sluice", b"jobs", b"worker"]
         jobs_settings = _handed_down(jobs, JOBS_WORKER_SETTINGS_ENV)
         assert jobs_settings == {
             "redis_url": settings["redis_url"],
