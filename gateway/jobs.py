@@ -187,4 +187,5 @@ class JobStore:
             stream = keys.job_stream(job_id)
             return int(await CANCEL_JOB.run(self.redis, [stream], [fields["h"], fields["d"]]))
         except REDIS_ERRORS as exc:
-            raise Unavailable(f"queue unavailable: {exc}", RETRY_AFTER_S) from None
+            refused = "job not cancelled"
+            raise redis_failure(exc, refused, "queue unavailable", RETRY_AFTER_S) from None

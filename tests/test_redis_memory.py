@@ -23,10 +23,11 @@ import redis
 import tritonclient.grpc as grpcclient
 from sluice.gateway.app import http_error
 from sluice.gateway.grpc_app import grpc_status
+from sluice.gateway.outbox import Route
 from sluice.shared import keys
 from sluice.shared.ensemble import CLIENT, build_plan
 from sluice.shared.ensemble_wire import Continuation
-from sluice.shared.errors import error_from_code
+from sluice.shared.errors import OutOfMemory, error_from_code
 from sluice.shared.http_messages import HttpRequest
 from sluice.shared.protocol import Request, Result, Tensor, decode_results
 from sluice.shared.redis_client import OUT_OF_MEMORY, async_client, out_of_memory
@@ -41,6 +42,7 @@ from tritonclient.utils import InferenceServerException
 from sluice.embedded_redis import EmbeddedRedis
 from tests.conftest import Service, start_service, stop_service, wait_until
 from tests.grpc_calls import grpc_input
+from tests.test_dispatcher import reading_dispatcher
 from tests.test_ensemble_plan import INC, chain
 
 BALLAST = "test:ballast"
@@ -117,6 +119,19 @@ def test_infer_is_refused_with_a_503_then_served_once_redis_has_room(
     assert status == 200, body
 
 
+async def test_a_full_redis_is_no_outage_and_leaves_no_waiter(
+    fleet: tuple[Service, redis.Redis], server: EmbeddedRedis
+) -> None:
+    _, client = fleet
+    async with reading_dispatcher(server.url, "gw-oom") as d:
+        request = Request(d.new_request_id(), 1, 0, d.reply_stream, [])
+        with redis_full(client), pytest.raises(OutOfMemory) as refused:
+            await d.submit(Route("oom-model", max_per_entry=4), request, 30)
+        assert refused.value.message == NOT_QUEUED
+        assert (d.outage.since, len(d.outage.held)) == (None, 0)  # nothing held, nothing retried
+        assert (d.waiting, d.unanswered()) == ({}, [])
+
+
 def test_grpc_infer_is_resource_exhausted_then_served(fleet: tuple[Service, redis.Redis]) -> None:
     service, client = fleet
     grpc = grpcclient.InferenceServerClient(service.grpc_url)
@@ -158,6 +173,16 @@ def test_a_full_redis_leaves_the_fleet_alive_and_ready(fleet: tuple[Service, red
         assert call(service, "GET", "/v2/health/ready")[0] == 200
         status, body, _ = call(service, "POST", "/v2/models/affine/infer", affine_body(1.0))
         assert (status, body) == (503, {"error": NOT_QUEUED})
+
+
+def test_a_job_cancel_refused_for_memory_says_so(fleet: tuple[Service, redis.Redis]) -> None:
+    service, client = fleet
+    # batch8 waits up to a second to fill a batch: the job is still queued when cancelled
+    job = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 4], "data": [1.0] * 4}]}
+    assert call(service, "POST", "/v2/models/batch8/jobs", {**job, "id": "oom-cancel-1"})[0] == 202
+    with redis_full(client):
+        status, body, _ = call(service, "DELETE", "/v2/jobs/oom-cancel-1")
+    assert (status, body) == (503, {"error": f"{OUT_OF_MEMORY}: job not cancelled"})
 
 
 def test_a_refused_bulk_job_leaves_nothing_a_retry_would_find(
