@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import http.client
 import json
+import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -33,13 +34,14 @@ from sluice.shared.protocol import Request, Result, Tensor, decode_results
 from sluice.shared.redis_client import OUT_OF_MEMORY, async_client, out_of_memory
 from sluice.shared.registry import MEMBER_TTL_S, live_members, now_ms
 from sluice.shared.repository_control import declare
+from sluice.shared.when_full import past_maxmemory
 from sluice.workers.batcher import Pending
 from sluice.workers.pending import Queued
 from sluice.workers.publisher import Publisher
 from sluice.workers.refused_results import REFUSED
 from tritonclient.utils import InferenceServerException
 
-from sluice.embedded_redis import EmbeddedRedis
+from sluice.embedded_redis import EmbeddedRedis, redis_server_binary
 from tests.conftest import Service, start_service, stop_service, wait_until
 from tests.grpc_calls import grpc_input
 from tests.test_dispatcher import reading_dispatcher
@@ -285,3 +287,24 @@ async def test_an_ensemble_step_refused_for_memory_answers_its_request(
     stream = await publish_while_full(server, client, "inc", [step], [done])
     assert answers_on(client, reply_to) == [(step.id, ("RESOURCE_EXHAUSTED", REFUSED))]
     assert client.xlen(stream) == 0  # the next step was not queued; this one is acknowledged
+
+
+def _binaries() -> list[str]:
+    """The embedded redis-server, and the one on PATH where it is another (Redis 7 here)."""
+    found = shutil.which("redis-server")
+    return list(dict.fromkeys([redis_server_binary(), *([found] if found else [])]))
+
+
+@pytest.mark.parametrize("binary", _binaries())
+def test_a_full_redis_refuses_a_write_but_runs_it_past_maxmemory(binary: str) -> None:
+    with EmbeddedRedis(binary=binary, maxmemory=1) as tiny:
+        client = redis.Redis.from_url(tiny.url)
+        try:
+            with pytest.raises(redis.RedisError) as refused:
+                client.hset("sluice:{t}:fleet", "w1", b"beat")
+            assert out_of_memory(refused.value)
+            client.execute_command(*past_maxmemory("HSET", "sluice:{t}:fleet", "w1", b"beat"))
+            assert client.hget("sluice:{t}:fleet", "w1") == b"beat"
+            assert not client.exists("sluice:{t}:fleet:never")
+        finally:
+            client.close()
