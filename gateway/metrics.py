@@ -20,6 +20,7 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from sluice.gateway.custom_families import custom_families
 from sluice.gateway.device_families import device_families
 from sluice.gateway.model_table import ModelTable
 from sluice.gateway.triton_exposition import Family, write
@@ -306,7 +307,8 @@ async def render(redis: aioredis.Redis, table: ModelTable) -> bytes:
     metrics += _generation_metrics(stats, table)
     registry = CollectorRegistry()
     registry.register(_Snapshot(metrics))
-    return write([*nv, *device_families(table.members)]) + generate_latest(registry)
+    custom = custom_families(table.members)
+    return write([*nv, *device_families(table.members), *custom]) + generate_latest(registry)
 
 
 class MetricsApp:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import queue
 import shutil
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -171,6 +172,29 @@ def test_async_decoupled_bls_calls_awaited_together(
 ) -> None:
     result = client.infer("bls_decoupled_async", [_input("IN", np.array([4], np.int32), "INT32")])
     assert result.as_numpy("SUM").tolist() == [2 * 4 * 4]
+
+
+def test_a_models_own_metrics_are_on_the_metrics_port(
+    service: Service, client: httpclient.InferenceServerClient
+) -> None:
+    """custom_metrics counts its rows and observes its values (pb_utils.MetricFamily); the
+    gateway shows them beside the nv_* families, once the worker's next heartbeat is in."""
+    x = np.array([[0.5, 4.0], [20.0, 1.0]], np.float32)
+    client.infer("custom_metrics", [_input("IN", x, "FP32")])
+    url = f"http://{service.metrics_url}/metrics"
+    scraped: list[str] = []
+
+    def counted() -> bool:
+        scraped[:] = [urllib.request.urlopen(url).read().decode()]
+        return 'test_rows_total{model="custom_metrics",version="1"} 2\n' in scraped[0]
+
+    wait_until(counted, "the model's counter on /metrics")
+    text = scraped[0]
+    assert "# HELP test_rows_total Rows run\n# TYPE test_rows_total counter\n" in text
+    assert "\nnv_inference_count{" in text
+    assert 'test_values_bucket{model="custom_metrics",le="1"} 2\n' in text
+    assert 'test_values_bucket{model="custom_metrics",le="10"} 3\n' in text
+    assert 'test_values_count{model="custom_metrics"} 4\n' in text
 
 
 def test_a_per_request_error_answers_that_request_alone_with_tritons_status(

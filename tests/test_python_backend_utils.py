@@ -200,8 +200,6 @@ def test_model_config_helpers_refuse_what_triton_refuses() -> None:
 def test_unsupported_calls_say_so() -> None:
     with pytest.raises(pb_utils.TritonModelException, match="not supported"):
         pb_utils.load_model("m")
-    with pytest.raises(pb_utils.TritonModelException, match="not supported"):
-        pb_utils.InferenceRequest(model_name="m").exec(decoupled=True)
     with pytest.raises(pb_utils.TritonModelException, match="decoupled"):
         pb_utils.InferenceRequest().get_response_sender()
 

@@ -17,6 +17,7 @@ import torch
 import uvloop
 from redis.asyncio.client import Pipeline
 from sluice.shared import keys
+from sluice.shared.custom_metrics import INFO_KEY as CUSTOM_METRICS
 from sluice.shared.device_metrics import INFO_KEY as DEVICE_METRICS
 from sluice.shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DrainDeadline, on_stop_signals
 from sluice.shared.gc_tuning import settle_after_startup
@@ -48,6 +49,7 @@ from sluice.workers.model_manager import ModelManager
 from sluice.workers.model_queue import ModelQueue
 from sluice.workers.override_files import OverrideDirectory
 from sluice.workers.python_backend import bls
+from sluice.workers.python_backend.custom_metrics import REGISTRY as MODEL_METRICS
 from sluice.workers.recovery import RecoveryPolicy
 from sluice.workers.served_models import ServedModels
 
@@ -204,7 +206,14 @@ class Worker:
         queues = self.queues
         batches = sum(q.batches_done for q in queues)
         rate = self._rate.update(batches, time.monotonic())
-        usage = {"batches": batches, "batches_per_s": rate, DEVICE_METRICS: self.sampler.latest}
+        usage: dict[str, Any] = {
+            "batches": batches,
+            "batches_per_s": rate,
+            DEVICE_METRICS: self.sampler.latest,
+        }
+        custom = MODEL_METRICS.snapshot()
+        if custom:  # Python models' own (pb_utils.MetricFamily), for the gateways' /metrics
+            usage[CUSTOM_METRICS] = custom
         usage.update(_usage(queues))
         scope = self.manager.scope() if self.manager is not None else []
         host, pid = socket.gethostname(), os.getpid()

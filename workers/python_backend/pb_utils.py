@@ -8,12 +8,12 @@ that says so.
 
 from __future__ import annotations
 
-import contextvars
 import logging
 import sys
-from pathlib import Path
 from typing import Any
 
+from sluice.workers.python_backend.context import model_dir
+from sluice.workers.python_backend.custom_metrics import Metric, MetricFamily
 from sluice.workers.python_backend.errors import TritonError, TritonModelException
 from sluice.workers.python_backend.messages import (
     FLAG_SEQUENCE_END,
@@ -48,6 +48,8 @@ __all__ = [
     "InferenceResponse",
     "InferenceResponseSender",
     "Logger",
+    "Metric",
+    "MetricFamily",
     "ModelConfig",
     "Tensor",
     "TritonError",
@@ -61,6 +63,7 @@ __all__ = [
     "install",
     "is_model_ready",
     "load_model",
+    "model_dir",
     "numpy_to_triton_type",
     "serialize_byte_tensor",
     "triton_string_to_numpy",
@@ -77,10 +80,6 @@ TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = RELEASE_RESCHEDULE
 TRITONSERVER_MEMORY_CPU = 0
 TRITONSERVER_MEMORY_CPU_PINNED = 1
 TRITONSERVER_MEMORY_GPU = 2
-
-#: the version directory of the model whose code runs (one process serves many models here,
-#: where Triton runs one model per stub process).
-model_dir: contextvars.ContextVar[Path | None] = contextvars.ContextVar("model_dir", default=None)
 
 _log = logging.getLogger("triton_python_backend")
 
