@@ -47,9 +47,20 @@ def _wake_stream(order: ResponseOrder, future: asyncio.Future[Result]) -> None:
     order.wake.set()
 
 
+def _unread(limit: int) -> str:
+    return (
+        f"request stopped: its client has not read its responses, and more than {limit} bytes "
+        "of them were waiting (--stream-max-held-bytes)"
+    )
+
+
 def _ignore_failure(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()
+
+
+#: a streamed request's responses held at most for a client that does not read them.
+DEFAULT_MAX_HELD_RESPONSE_BYTES = 64 << 20
 
 
 class Dispatcher:
@@ -61,8 +72,11 @@ class Dispatcher:
         idle_poll_us: int = DEFAULT_WINDOW_US,
         outage: OutagePolicy | None = None,
         clock: Callable[[], float] = time.monotonic,
+        max_held_response_bytes: int = DEFAULT_MAX_HELD_RESPONSE_BYTES,
     ) -> None:
         self.redis = redis
+        #: bytes of one streamed request's responses held for its client (ResponseOrder).
+        self.max_held_response_bytes = max_held_response_bytes
         self.outage: Outage[Route] = Outage(self, outage or OutagePolicy(), clock)
         #: the hot path's commands on connections of their own: sends, and the reply read.
         self._sends = Wire(redis, self.outage.check_server)
@@ -158,9 +172,12 @@ class Dispatcher:
     ) -> AsyncGenerator[Result, None]:
         """Queue `request` and yield its responses in order, each once, until the final one
         (a decoupled model's zero or more; an ordinary model's one answer). `timeout_s` bounds
-        the wait for each response. Leaving before the final response cancels the request."""
+        the wait for each response. Leaving before the final response cancels the request, and
+        so does a consumer that lets more than `max_held_response_bytes` of them wait."""
         loop = asyncio.get_running_loop()
-        order = self.streams[request.id] = ResponseOrder()
+        stop = partial(self._tell_workers, route.model, request.id)
+        order = ResponseOrder(self.max_held_response_bytes, stop)
+        self.streams[request.id] = order
         future = self._queue(route, request)
         future.add_done_callback(partial(_wake_stream, order))
         slot = f"{route.model}:{request.version}"
@@ -174,8 +191,10 @@ class Dispatcher:
                 finally:
                     timer.cancel()
                 order.wake.clear()
+                if order.overflowed:
+                    raise Unavailable(_unread(self.max_held_response_bytes))
                 while order.ready:
-                    response = order.ready.popleft()
+                    response = order.take()
                     ended = response.final
                     yield response
                     if ended:
@@ -185,8 +204,8 @@ class Dispatcher:
                     yield future.result()
                     return
         finally:
-            if not ended:  # its consumer left, or it timed out or failed here
-                self._tell_workers(route.model, request.id)
+            if not ended and not order.overflowed:  # its consumer left, or it timed out or failed
+                stop()
             self.streams.pop(request.id, None)
             self.waiting.pop(request.id, None)
             self._sent.pop(request.id, None)

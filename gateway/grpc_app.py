@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -18,6 +19,7 @@ from google.protobuf.json_format import ParseDict, ParseError
 from sluice.gateway.bearer import bearer_matches
 from sluice.gateway.core import EMPTY_FINAL_RESPONSE, GatewayCore, InferOutcome, StreamedResponse
 from sluice.gateway.grpc_codec import GrpcInfer, infer_response, parameter_values
+from sluice.gateway.stream_window import REQUEST_DONE, StreamWindow
 from sluice.shared.errors import (
     InvalidInput,
     ModelNotFound,
@@ -96,8 +98,12 @@ def _consume(task: asyncio.Task[Any]) -> None:
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     """`inference.GRPCInferenceService` over one GatewayCore."""
 
-    def __init__(self, core: GatewayCore, auth_token: str | None) -> None:
+    def __init__(
+        self, core: GatewayCore, auth_token: str | None, new_window: Callable[[], StreamWindow]
+    ) -> None:
         self.core = core
+        #: each ModelStreamInfer stream's bounds.
+        self._new_window = new_window
         self._token = None if auth_token is None else auth_token.encode()
 
     # -- what every RPC goes through ---------------------------------------------------------
@@ -253,32 +259,44 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     async def ModelStreamInfer(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
         """Every response of every request, each sent as soon as it is done (the request id
         says which; a decoupled model's in its order); a failure answers in-band with
-        `error_message`, and the stream goes on."""
+        `error_message`, and the stream goes on. The stream's window (gateway/stream_window.py)
+        bounds what it holds for a client that sends without reading."""
         try:
             self._authorize(context)
         except SluiceError as exc:
             await self._abort(context, exc)
         loop = asyncio.get_running_loop()
         gone: asyncio.Future[None] = loop.create_future()
-        responses: asyncio.Queue[Any] = asyncio.Queue()
-        reader = asyncio.ensure_future(self._read_stream(request_iterator, gone, responses))
+        window = self._new_window()
+        reader = asyncio.ensure_future(self._read_stream(request_iterator, gone, window))
         try:
-            while (response := await responses.get()) is not None:
-                yield response
+            while (response := await window.get()) is not None:
+                if response is REQUEST_DONE:
+                    window.leave()
+                else:
+                    yield response
         finally:
             if not gone.done():
                 gone.set_result(None)  # cancels whatever is still queued
             reader.cancel()
+            window.close()
 
     async def _read_stream(
-        self, request_iterator: Any, gone: asyncio.Future[None], responses: asyncio.Queue[Any]
+        self, request_iterator: Any, gone: asyncio.Future[None], window: StreamWindow
     ) -> None:
-        """Start every request as it arrives; once the client is done sending and every
-        request is answered, end the stream."""
+        """Start each request as it arrives while the window has room for it, else stop
+        reading; once the client is done sending and every request is answered, end the
+        stream."""
         running: set[asyncio.Task[None]] = set()
+        requests = aiter(request_iterator)
         try:
-            async for request in request_iterator:
-                task = asyncio.ensure_future(self._stream_one(request, gone, responses))
+            while True:
+                await window.admit()
+                request = await anext(requests, None)
+                if request is None:
+                    window.leave()
+                    break
+                task = asyncio.ensure_future(self._stream_one(request, gone, window))
                 running.add(task)
                 task.add_done_callback(running.discard)
             if running:
@@ -286,31 +304,36 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         except Exception as exc:  # the stream broke while reading; nothing more to answer
             log.debug("gRPC stream ended while reading: %r", exc)
         finally:
-            responses.put_nowait(None)
+            for task in running:
+                task.cancel()
+            window.end()
 
     async def _stream_one(
-        self, request: Any, gone: asyncio.Future[None], responses: asyncio.Queue[Any]
+        self, request: Any, gone: asyncio.Future[None], window: StreamWindow
     ) -> None:
         """Every response of one request, in order, each with `triton_final_response`; a
         decoupled model's flag-only final one only if the request asked for it with
-        `triton_enable_empty_final_response`. An error answers in-band."""
+        `triton_enable_empty_final_response`. An error answers in-band. A response waits
+        while the client's queue is full, and so do the request's later ones."""
         empty_final = parameter_values(request.parameters).get(EMPTY_FINAL_RESPONSE) is True
         try:
             answers = await self.core.stream(
                 request.model_name, _version(request.model_version), GrpcInfer(request), gone
             )
-            async for answer in answers:
-                if answer.empty and not empty_final:
-                    continue
-                responses.put_nowait(_streamed_response(request, answer))
+            async with aclosing(answers):
+                async for answer in answers:
+                    if answer.empty and not empty_final:
+                        continue
+                    response = _streamed_response(request, answer)
+                    await window.put(response, response.ByteSize())
         except Exception as exc:
             _, message = grpc_status(exc)
             failed = pb.ModelInferResponse(
                 model_name=request.model_name, model_version=request.model_version, id=request.id
             )
-            responses.put_nowait(
-                pb.ModelStreamInferResponse(error_message=message, infer_response=failed)
-            )
+            response = pb.ModelStreamInferResponse(error_message=message, infer_response=failed)
+            await window.put(response, response.ByteSize())
+        window.done()
 
     # -- extensions sluice does not serve ----------------------------------------------------
 

@@ -21,3 +21,7 @@ class GrpcOptions:
     max_message_bytes: int = 64 << 20
     #: how much responses are compressed (gzip or deflate, as the client accepts).
     compression: CompressionLevel = "none"
+    #: a ModelStreamInfer stream's requests in flight; past them it stops reading.
+    stream_max_requests: int = 64
+    #: bytes of responses queued for a stream's client; past them its requests wait.
+    stream_max_queued_bytes: int = 16 << 20

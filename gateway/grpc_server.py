@@ -4,6 +4,7 @@ the gateway's own event loop, beside the HTTP server."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import grpc
@@ -12,6 +13,7 @@ from sluice.gateway.grpc_app import InferenceServicer
 from sluice.gateway.grpc_health import health_handler
 from sluice.gateway.grpc_options import GrpcOptions
 from sluice.gateway.restricted_apis import Restriction, Restrictions, grpc_category, grpc_refusal
+from sluice.gateway.stream_window import StreamLoad, StreamWindow
 from tritonclient.grpc import service_pb2 as pb
 
 #: grpc core's compression levels (grpc_compression_level), as Triton's option names them.
@@ -89,7 +91,12 @@ class GrpcPort:
     from `start()`."""
 
     def __init__(
-        self, core: GatewayCore, options: GrpcOptions, host: str, limits: GatewayLimits
+        self,
+        core: GatewayCore,
+        options: GrpcOptions,
+        host: str,
+        limits: GatewayLimits,
+        streams: StreamLoad,
     ) -> None:
         self.address = _address(host, options.port)
         self._started = False
@@ -104,7 +111,10 @@ class GrpcPort:
                 ("grpc.default_compression_level", COMPRESSION_LEVELS[options.compression]),
             ],
         )
-        handlers = service_handlers(InferenceServicer(core, limits.auth_token))
+        window = partial(
+            StreamWindow, options.stream_max_requests, options.stream_max_queued_bytes, streams
+        )
+        handlers = service_handlers(InferenceServicer(core, limits.auth_token, window))
         generic = grpc.method_handlers_generic_handler(SERVICE.full_name, handlers)
         self.server.add_generic_rpc_handlers((generic, health_handler(core.ready)))
         registered = {name: handlers[name] for name in REGISTERED_RPCS}

@@ -23,6 +23,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from sluice.gateway.custom_families import custom_families
 from sluice.gateway.device_families import device_families
 from sluice.gateway.model_table import ModelTable
+from sluice.gateway.stream_window import StreamLoad
 from sluice.gateway.triton_exposition import Family, write
 from sluice.shared import keys
 from sluice.shared.http_messages import HttpRequest, HttpResponse
@@ -311,15 +312,40 @@ async def render(redis: aioredis.Redis, table: ModelTable) -> bytes:
     return write([*nv, *device_families(table.members), *custom]) + generate_latest(registry)
 
 
+def stream_gauges(streams: StreamLoad) -> bytes:
+    """This gateway's own gRPC streams (not the fleet's: each gateway's port shows its own)."""
+    families = []
+    for name, doc, now, most in (
+        (
+            "sluice_grpc_stream_requests_in_flight",
+            "Requests of this gateway's gRPC streams read and not yet answered to the client",
+            streams.in_flight,
+            streams.in_flight_max,
+        ),
+        (
+            "sluice_grpc_stream_queued_bytes",
+            "Bytes of responses this gateway's gRPC streams hold for their clients",
+            streams.queued_bytes,
+            streams.queued_bytes_max,
+        ),
+    ):
+        families.append(Family(name, "gauge", doc, [({}, now)]))
+        families.append(
+            Family(name + "_max", "gauge", doc + ", the most since start", [({}, most)])
+        )
+    return write(families)
+
+
 class MetricsApp:
     """Handler for the metrics port: `/metrics` only."""
 
-    def __init__(self, redis: aioredis.Redis, table: ModelTable) -> None:
+    def __init__(self, redis: aioredis.Redis, table: ModelTable, streams: StreamLoad) -> None:
         self.redis = redis
         self.table = table
+        self.streams = streams
 
     async def __call__(self, request: HttpRequest) -> HttpResponse:
         if request.path != "/metrics":
             return HttpResponse(404, b"not found\n", [(b"content-type", b"text/plain")])
-        body = await render(self.redis, self.table)
+        body = await render(self.redis, self.table) + stream_gauges(self.streams)
         return HttpResponse(200, body, [(b"content-type", CONTENT_TYPE_LATEST.encode())])

@@ -18,13 +18,14 @@ from sluice.gateway.background import start_background
 from sluice.gateway.bearer import BearerGuard
 from sluice.gateway.bulk_api import BulkApi
 from sluice.gateway.core import GatewayCore, GatewayLimits
-from sluice.gateway.dispatcher import Dispatcher
+from sluice.gateway.dispatcher import DEFAULT_MAX_HELD_RESPONSE_BYTES, Dispatcher
 from sluice.gateway.grpc_options import GrpcOptions
 from sluice.gateway.job_operations import JobOperations
 from sluice.gateway.jobs import JobStore
 from sluice.gateway.metrics import MetricsApp
 from sluice.gateway.model_table import ModelTable, no_versions
 from sluice.gateway.outage import OutagePolicy
+from sluice.gateway.stream_window import StreamLoad
 from sluice.shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DrainDeadline, on_stop_signals
 from sluice.shared.errors import Unavailable
 from sluice.shared.gc_tuning import settle_after_startup
@@ -63,6 +64,8 @@ class GatewayConfig:
     idle_poll_us: int = DEFAULT_WINDOW_US
     #: how long, and how much, to hold requests while Redis is unreachable.
     outage: OutagePolicy = field(default_factory=OutagePolicy)
+    #: bytes of a streamed request's responses held for a client that does not read them.
+    stream_max_held_bytes: int = DEFAULT_MAX_HELD_RESPONSE_BYTES
 
 
 async def serve_gateway(
@@ -79,7 +82,14 @@ async def serve_gateway(
     gateway_id = f"gw-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     redis = async_client(config.redis_url)
     reader = async_client(config.redis_url, socket_timeout_s=None)
-    dispatcher = Dispatcher(redis, reader, gateway_id, config.idle_poll_us, config.outage)
+    dispatcher = Dispatcher(
+        redis,
+        reader,
+        gateway_id,
+        config.idle_poll_us,
+        config.outage,
+        max_held_response_bytes=config.stream_max_held_bytes,
+    )
     table = ModelTable(redis, gateway_id, dispatcher.inflight_snapshot)
     table.on_unloaded = lambda model: dispatcher.abandon(model, no_versions(model))
     table.on_depths = dispatcher.dealer.observe
@@ -92,12 +102,13 @@ async def serve_gateway(
     core = GatewayCore(dispatcher, table, config.limits, bulk)
     app = GatewayApp(core, JobOperations(core, jobs), config.limits)
     http = HttpServer(app, config.limits.max_body_bytes, app.precheck)
-    metrics = _metrics_port(MetricsApp(redis, table), config.limits.metrics_auth_token)
+    streams = StreamLoad()
+    metrics = _metrics_port(MetricsApp(redis, table, streams), config.limits.metrics_auth_token)
     stop = stop or _stop_on_signal(config.graceful_shutdown_s, http)
     supervisor = Supervisor()
     start_background(dispatcher, table, supervisor)
     background: list[asyncio.Task[None]] = []
-    grpc_port = _grpc_port(core, config)
+    grpc_port = _grpc_port(core, config, streams)
     settle_after_startup()
     try:
         await http.start(config.host, config.http_port)
@@ -132,14 +143,14 @@ async def serve_gateway(
         await waiter.aclose()
 
 
-def _grpc_port(core: GatewayCore, config: GatewayConfig) -> GrpcPort | None:
+def _grpc_port(core: GatewayCore, config: GatewayConfig, streams: StreamLoad) -> GrpcPort | None:
     """The gRPC port, not listening yet, or None when gRPC is off. Its modules load only
     then: a gateway without gRPC needs neither grpcio nor tritonclient's messages."""
     if config.grpc is None or config.grpc.port == 0:
         return None
     from sluice.gateway.grpc_server import GrpcPort
 
-    return GrpcPort(core, config.grpc, config.host, config.limits)
+    return GrpcPort(core, config.grpc, config.host, config.limits, streams)
 
 
 def _metrics_port(app: MetricsApp, token: str | None) -> HttpServer:

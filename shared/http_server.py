@@ -104,6 +104,9 @@ class _Connection(asyncio.Protocol):
         self.version: bytes | None = None
         #: the size of the chunk being parsed.
         self.chunk = 0
+        #: set while the transport's buffer is over its high-water mark (a client not reading):
+        #: a streamed response waits for it to drain.
+        self.writable: asyncio.Future[None] | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -126,7 +129,16 @@ class _Connection(asyncio.Protocol):
         self.server.connections.add(self)
         self._arm(IDLE_TIMEOUT_S, None)
 
+    def pause_writing(self) -> None:
+        self.writable = self.loop.create_future()
+
+    def resume_writing(self) -> None:
+        if self.writable is not None and not self.writable.done():
+            self.writable.set_result(None)
+        self.writable = None
+
     def connection_lost(self, exc: Exception | None) -> None:
+        self.resume_writing()
         self.server.connections.discard(self)
         if self.timer is not None:
             self.timer.cancel()
@@ -332,6 +344,8 @@ class _Connection(asyncio.Protocol):
                 if self.transport.is_closing():
                     break
                 self.transport.write(chunk)
+                if self.writable is not None:  # the next chunk waits until the client reads
+                    await self.writable
         finally:
             self.transport.close()
 

@@ -180,6 +180,25 @@ class GatewayOptions(ProcessSettings, IdlePolling, ModelControl):
         help="How much gRPC responses are compressed, as Triton's option of that name (requests "
         "a client compressed are always accepted).",
     )
+    grpc_stream_max_requests: int = option(
+        64,
+        help="Requests of one gRPC ModelStreamInfer stream in flight at once (read, and not "
+        "yet answered to the client); past them the gateway stops reading that stream.",
+        check=at_least(1),
+    )
+    grpc_stream_max_queued_bytes: int = option(
+        16 << 20,
+        help="Bytes of responses one gRPC stream holds for a client that has not read them; "
+        "past them its requests wait for the client (one response always fits).",
+        check=at_least(1),
+    )
+    stream_max_held_bytes: int = option(
+        64 << 20,
+        help="Bytes of a streamed request's responses (gRPC stream, generate_stream) the gateway "
+        "holds for a client that does not read them; past them the request is stopped and "
+        "answered with an error.",
+        check=at_least(1),
+    )
     request_timeout_s: float = option(
         300.0,
         help="Seconds a request may wait for its result before a 503.",
@@ -289,6 +308,8 @@ class GatewayOptions(ProcessSettings, IdlePolling, ModelControl):
                 port=self.grpc_port,
                 max_message_bytes=self.max_body_bytes,
                 compression=self.grpc_infer_response_compression_level,
+                stream_max_requests=self.grpc_stream_max_requests,
+                stream_max_queued_bytes=self.grpc_stream_max_queued_bytes,
             ),
             limits=GatewayLimits(
                 max_body_bytes=self.max_body_bytes,
@@ -307,6 +328,7 @@ class GatewayOptions(ProcessSettings, IdlePolling, ModelControl):
             ),
             graceful_shutdown_s=self.drain_timeout_s,
             idle_poll_us=self.idle_poll_us,
+            stream_max_held_bytes=self.stream_max_held_bytes,
             outage=OutagePolicy(
                 grace_s=self.redis_outage_grace_s, max_held_bytes=self.max_held_bytes
             ),
