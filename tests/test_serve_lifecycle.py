@@ -115,6 +115,9 @@ def test_serve_hands_its_children_settings_not_options(model_repo: Path) -> None
             "burst": False,
             "log_level": "info",
             "drain_timeout_s": 7.0,
+            # a password is folded into the URL: the children are handed it there alone
+            "redis_password": None,
+            "redis_password_file": None,
         }
         # the worker runs on what it was handed: it serves the repository it was not told on
         # its command line
