@@ -22,7 +22,7 @@ import os
 import statistics
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,20 +64,44 @@ def cpu_seconds(pid: int) -> float:
 
 
 def measure(server: str, redis_url: str, port: int) -> list[dict]:
-    """One server's run at each level, each row with the gateway's CPU time per inference
-    and the load average it ran under."""
-    with running(gateway_command(server, redis_url, port)) as gateway:
+    """One server's run at each level."""
+    return measure_gateway(gateway_command(server, redis_url, port), server, port)
+
+
+def measure_gateway(
+    command: list[str], label: str, port: int, probe: Callable[[], dict[str, float]] | None = None
+) -> list[dict]:
+    """A gateway started by `command` (on `port`) run at each level, each row with the
+    gateway's CPU time per inference, the load average it ran under and, per inference, how
+    much each of `probe`'s counters grew."""
+    with running(command) as gateway:
         url = f"127.0.0.1:{port}"
         wait_ready(url)
         rows = []
         for level in LEVELS:
             inferences, cpu_s = server_stats(url)[0], cpu_seconds(gateway.pid)
-            row = run_load(url, level, server, None)
-            inferences = server_stats(url)[0] - inferences
-            row["gateway_cpu_us"] = (cpu_seconds(gateway.pid) - cpu_s) * 1e6 / max(1, inferences)
+            counters = probe() if probe is not None else {}
+            row = run_load(url, level, label, None)
+            inferences = max(1, server_stats(url)[0] - inferences)
+            row["gateway_cpu_us"] = (cpu_seconds(gateway.pid) - cpu_s) * 1e6 / inferences
             row["loadavg_1m"] = round(os.getloadavg()[0], 2)
+            grown = probe() if probe is not None else {}
+            row |= {f"{k}_per_infer": (grown[k] - v) / inferences for k, v in counters.items()}
             rows.append(row)
         return rows
+
+
+@contextlib.contextmanager
+def mlp_fleet() -> Iterator[str]:
+    """One Redis and one worker serving examples/model_repository's `mlp` (built if it is
+    not); the Redis URL for the gateways."""
+    if not (EXAMPLES / "mlp" / "1" / "model.pt").exists():
+        subprocess.run([sys.executable, str(ROOT / "examples" / "build_models.py")], check=True)
+    with EmbeddedRedis() as redis_server:
+        worker = [sys.executable, "-m", "sluice", "worker", "--model-repository", str(EXAMPLES)]
+        worker += ["--models", "mlp", "--redis-url", redis_server.url, "--log-level", "warning"]
+        with running(worker):
+            yield redis_server.url
 
 
 def orders(rounds: int) -> Iterator[tuple[str, ...]]:
@@ -186,18 +210,13 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=18740)
     parser.add_argument("--json-out", type=Path, default=ROOT / "benchmarks" / "out" / "http.json")
     args = parser.parse_args()
-    if not (EXAMPLES / "mlp" / "1" / "model.pt").exists():
-        subprocess.run([sys.executable, str(ROOT / "examples" / "build_models.py")], check=True)
     rows: list[dict] = []
-    with EmbeddedRedis() as redis_server:
-        worker = [sys.executable, "-m", "sluice", "worker", "--model-repository", str(EXAMPLES)]
-        worker += ["--models", "mlp", "--redis-url", redis_server.url, "--log-level", "warning"]
-        with running(worker):
-            for round_number, order in enumerate(orders(args.rounds)):
-                for server in order:
-                    port = args.port + 10 * SERVERS.index(server)  # no wait on a closing port
-                    for row in measure(server, redis_server.url, port):
-                        rows.append(row | {"round": round_number})
+    with mlp_fleet() as redis_url:
+        for round_number, order in enumerate(orders(args.rounds)):
+            for server in order:
+                port = args.port + 10 * SERVERS.index(server)  # no wait on a closing port
+                for row in measure(server, redis_url, port):
+                    rows.append(row | {"round": round_number})
     text = report(medians(rows), args.rounds)
     print(text)
     args.json_out.parent.mkdir(exist_ok=True)

@@ -7,7 +7,10 @@ under load the gateway ran dozens of collections a second and its full collectio
 longest pauses behind p99 (benchmarks/RESULTS.md, "garbage collection settled"). The request
 path frees its objects by reference counting alone, so once a process has started, what it
 allocated is frozen (never walked again) and the young generation may grow to `YOUNG_OBJECTS`
-first.
+first. Under load that means no collection at all (benchmarks/gc_settling.py: the default
+collector cost the gateway 26 us per inference at c=64), so nothing that holds memory may wait
+for one: a reference cycle around a request's data is a leak (the HTTP server breaks its
+connection-parser cycle when a connection closes).
 """
 
 from __future__ import annotations
