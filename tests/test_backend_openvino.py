@@ -114,6 +114,15 @@ def test_a_model_whose_layouts_have_a_batch_dim_is_completed_batching(tmp_path: 
     assert spec.model_filename == "model.xml"
 
 
+def test_a_model_xml_without_config_pbtxt_is_found_and_completed(tmp_path: Path) -> None:
+    """Triton's autofill: a `model.xml` makes it an OpenVINO model."""
+    model_dir = write_model(tmp_path, "bare", dense_graph(), layout="N...")
+    (model_dir / "config.pbtxt").unlink()
+    spec = model_spec(model_dir)
+    assert (spec.kind, spec.backend, spec.max_batch_size) == ("openvino", "openvino", 4)
+    assert [t.name for t in spec.outputs] == ["y", "top"]
+
+
 def test_a_model_without_layouts_is_completed_without_batching(tmp_path: Path) -> None:
     """No layout (a converted ONNX model): no batching, the whole shape as dims (-1 for the
     dynamic first dim); each request carries its own rows."""

@@ -128,6 +128,21 @@ def test_a_config_without_tensors_is_completed_from_the_signature(
     ]
 
 
+def test_a_savedmodel_without_config_pbtxt_is_found_and_completed(
+    tmp_path: Path, linear: keras.Model
+) -> None:
+    """Triton's autofill: a `model.savedmodel` folder makes it a TensorFlow model."""
+    model_dir = write_model(tmp_path, "bare", linear)
+    (model_dir / "config.pbtxt").unlink()
+    spec = model_spec(model_dir)
+    assert (spec.kind, spec.platform, spec.max_batch_size) == (
+        "tensorflow",
+        "tensorflow_savedmodel",
+        4,
+    )
+    assert [t.name for t in spec.inputs] == ["x"]
+
+
 def test_auto_complete_keeps_the_configs_batching(tmp_path: Path, linear: keras.Model) -> None:
     big = model_spec(write_model(tmp_path, "big", linear, "max_batch_size: 16"))
     assert (big.max_batch_size, big.batching.dynamic) == (16, True)
