@@ -74,9 +74,9 @@ def test_a_priority_goes_to_its_levels_stream(redis: Any, bls: BlsClient) -> Non
 @pytest.mark.parametrize(
     ("record", "call", "code", "message"),
     [
-        (None, _call(model="absent"), "NOT_FOUND", "unknown model: 'absent'"),
-        ((None, "bad config"), _call(), "UNAVAILABLE_MODEL", "not ready: bad config"),
-        ((CONFIG, None), _call(version=3), "NOT_FOUND", "'target' version 3 is not found"),
+        (None, _call(model="absent"), "INTERNAL", "Model 'absent' is not ready."),
+        ((None, "bad config"), _call(), "INTERNAL", "Model 'target' is not ready."),
+        ((CONFIG, None), _call(version=3), "INTERNAL", "Model 'target' is not ready."),
         ((CONFIG, None), _call(wait_s=0.05), "UNAVAILABLE", "Request timeout expired"),
     ],
     ids=["unknown model", "not ready", "unknown version", "never answered"],
@@ -90,6 +90,16 @@ def test_what_fails_comes_back_as_an_error_result(
     assert result.error is not None
     assert result.error[0] == code
     assert message in result.error[1]
+
+
+def test_an_ordinary_call_to_a_decoupled_model_is_tritons_error(redis: Any, bls: BlsClient) -> None:
+    _register(redis, {**CONFIG, "model_transaction_policy": {"decoupled": True}})
+    result = bls.submit(_call()).result(timeout=30)
+    assert result.error is not None
+    assert result.error[1].startswith(
+        "Model target is using the decoupled. The current BLS request call doesn't support"
+    )
+    assert not redis.exists(keys.request_stream("target"))
 
 
 def test_a_full_queue_refuses_the_call(redis: Any, bls: BlsClient) -> None:
@@ -181,4 +191,4 @@ def test_a_failed_decoupled_call_is_one_final_error(bls: BlsClient) -> None:
     (only,) = list(bls.submit_streamed(_call(model="absent")))
     assert only.final
     assert only.error is not None
-    assert only.error[0] == "NOT_FOUND"
+    assert only.error[1] == "Failed for execute the inference request. Model 'absent' is not ready."

@@ -128,7 +128,7 @@ def test_a_bls_error_comes_back_as_the_response_error(
     target = np.array([[b"no_such_model"]], dtype=np.object_)
     with pytest.raises(InferenceServerException) as err:
         client.infer("bls_scale", [_input("X", x, "FP32"), _input("TARGET", target, "BYTES")])
-    assert "unknown model: 'no_such_model'" in err.value.message()
+    assert "Model 'no_such_model' is not ready." in err.value.message()
 
 
 def test_async_execute_awaits_bls_calls_together(
@@ -163,7 +163,7 @@ def test_a_decoupled_bls_call_streams_every_response(
 def test_a_failed_decoupled_bls_call_is_an_error_response(
     client: httpclient.InferenceServerClient,
 ) -> None:
-    with pytest.raises(InferenceServerException, match="unknown model: 'absent'"):
+    with pytest.raises(InferenceServerException, match="Model 'absent' is not ready"):
         client.infer("bls_decoupled", [_input("IN", np.array([-1], np.int32), "INT32")])
 
 

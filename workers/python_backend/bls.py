@@ -28,7 +28,7 @@ from typing import Any
 
 from sluice.shared import keys
 from sluice.shared.admission import enqueue_command, queue_full
-from sluice.shared.errors import ModelNotFound, ModelNotReady, SluiceError, Unavailable
+from sluice.shared.errors import ModelExecutionError, SluiceError, Unavailable
 from sluice.shared.protocol import (
     ProtocolError,
     Request,
@@ -41,6 +41,7 @@ from sluice.shared.queue_policy import QueuePolicy
 from sluice.shared.redis_client import REDIS_ERRORS, async_client, initialized
 from sluice.shared.redis_wire import Wire, stream_entries, xadd
 from sluice.shared.registry import decode_model_record
+from sluice.shared.transaction_policy import is_decoupled
 
 log = logging.getLogger(__name__)
 
@@ -129,9 +130,9 @@ class _Stream:
 
 @dataclass(slots=True)
 class _Target:
+    #: None: unknown or not ready.
     config: dict[str, Any] | None
     versions: list[int]
-    reason: str | None
     read_at: float
 
 
@@ -203,11 +204,17 @@ class BlsClient:
             self._reader = asyncio.create_task(self._read_replies())
         await self._connected  # before this call and the others use the client together
         target = await self._target(call.model)
-        if target.config is None:
-            raise ModelNotReady(f"model '{call.model}' is not ready: {target.reason}")
-        if call.version and call.version not in target.versions:
-            raise ModelNotFound(
-                f"Request for unknown model: '{call.model}' version {call.version} is not found"
+        if target.config is None or (call.version and call.version not in target.versions):
+            # Triton's text for an unknown, unready or missing version alike
+            raise ModelExecutionError(
+                f"Failed for execute the inference request. Model '{call.model}' is not ready."
+            )
+        if request_id not in self._streams and is_decoupled(target.config):
+            raise ModelExecutionError(
+                f"Model {call.model} is using the decoupled. The current BLS request call "
+                "doesn't support models using the decoupled transaction policy. Please use "
+                "'decoupled=True' argument to the 'exec' or 'async_exec' calls for decoupled "
+                "models.'"
             )
         policy = QueuePolicy.from_config(target.config)
         level = policy.level_of(call.parameters)
@@ -249,11 +256,8 @@ class BlsClient:
         if known is not None and now - known.read_at < RECORD_TTL_S:
             return known
         raw = await self._redis.hget(keys.MODELS, model)
-        if raw is None:
-            raise ModelNotFound(f"Request for unknown model: '{model}' is not found")
-        record = decode_model_record(raw)
-        target = _Target(record.get("config"), list(record.get("versions") or []), None, now)
-        target.reason = record.get("error")
+        record = decode_model_record(raw) if raw is not None else {}
+        target = _Target(record.get("config"), list(record.get("versions") or []), now)
         self._targets[model] = target
         return target
 
