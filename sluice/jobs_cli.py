@@ -11,7 +11,7 @@ import click
 import redis
 
 from sluice.options_cli import settings_command
-from sluice.runtime_file import redis_url_or_local
+from sluice.runtime_file import local_serve_options, redis_url_or_local
 from sluice.settings import JOBS_WORKER_SETTINGS_ENV, JobsWorkerSettings
 from sluice.shared.bulk import (
     DEFAULT_TTL_S,
@@ -33,17 +33,9 @@ POLL_S = 0.5
 BAR_WIDTH = 30
 FINISHED = ("done", "failed", "cancelled")
 
-redis_option = click.option(
-    "--redis-url",
-    envvar="SLUICE_REDIS_URL",
-    show_envvar=True,
-    default=None,
-    help="Redis the fleet queues on (default: that of the sluice serve running on this machine).",
-)
 
-
-def _connect(given: str | None) -> redis.Redis:
-    url = redis_url_or_local(given)
+def _connect(given: str | None, serve_pid: int | None) -> redis.Redis:
+    url = redis_url_or_local(given, serve_pid)
     try:
         return sync_client(url)
     except (ValueError, *REDIS_ERRORS) as exc:
@@ -103,7 +95,7 @@ def jobs() -> None:
 
 
 @jobs.command()
-@redis_option
+@local_serve_options
 @click.option("--model", required=True, help="Model to run every item through.")
 @click.option(
     "--input",
@@ -137,6 +129,7 @@ def jobs() -> None:
 )
 def submit(
     redis_url: str | None,
+    serve_pid: int | None,
     model: str,
     input_path: Path,
     output: Path | None,
@@ -146,7 +139,7 @@ def submit(
     ttl: int,
 ) -> None:
     """Queue a bulk job; prints its id (and waits for it with --output)."""
-    connection = _connect(redis_url)
+    connection = _connect(redis_url, serve_pid)
     fmt = _call(format_of, input_path.name)
     status = _call(
         submit_bulk,
@@ -169,12 +162,12 @@ def submit(
 
 
 @jobs.command()
-@redis_option
+@local_serve_options
 @click.argument("bulk_id")
 @click.option("--watch", is_flag=True, help="Follow the job until it ends.")
-def status(redis_url: str | None, bulk_id: str, watch: bool) -> None:
+def status(redis_url: str | None, serve_pid: int | None, bulk_id: str, watch: bool) -> None:
     """Progress of a bulk job."""
-    connection = _connect(redis_url)
+    connection = _connect(redis_url, serve_pid)
     if watch:
         _follow(connection, bulk_id)
     else:
@@ -182,29 +175,31 @@ def status(redis_url: str | None, bulk_id: str, watch: bool) -> None:
 
 
 @jobs.command(name="list")
-@redis_option
-def list_(redis_url: str | None) -> None:
+@local_serve_options
+def list_(redis_url: str | None, serve_pid: int | None) -> None:
     """Bulk jobs rq still keeps, newest first."""
-    for status in _call(list_bulks, _connect(redis_url)):
+    for status in _call(list_bulks, _connect(redis_url, serve_pid)):
         click.echo(f"{progress_line(status)}  model={status.model}")
 
 
 @jobs.command()
-@redis_option
+@local_serve_options
 @click.argument("bulk_id")
-def cancel(redis_url: str | None, bulk_id: str) -> None:
+def cancel(redis_url: str | None, serve_pid: int | None, bulk_id: str) -> None:
     """Stop feeding a bulk job (items already queued still run)."""
-    click.echo(progress_line(_call(cancel_bulk, _connect(redis_url), bulk_id)))
+    click.echo(progress_line(_call(cancel_bulk, _connect(redis_url, serve_pid), bulk_id)))
 
 
 @jobs.command()
-@redis_option
+@local_serve_options
 @click.argument("bulk_id")
 @click.option("--output", required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--wait", is_flag=True, help="Wait for the job to end first.")
-def result(redis_url: str | None, bulk_id: str, output: Path, wait: bool) -> None:
+def result(
+    redis_url: str | None, serve_pid: int | None, bulk_id: str, output: Path, wait: bool
+) -> None:
     """Write a finished bulk job's results file."""
-    connection = _connect(redis_url)
+    connection = _connect(redis_url, serve_pid)
     if wait:
         _follow(connection, bulk_id)
     _save(connection, bulk_id, output)
@@ -224,7 +219,7 @@ def worker(settings: JobsWorkerSettings) -> None:
         level=level, format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s"
     )
     logging.getLogger("rq.worker").addFilter(QuietMaintenance())
-    connection = _connect(settings.redis_url)
+    connection = _connect(settings.redis_url, None)
     rq_worker = BulkWorker(
         [bulk_queue(connection)],
         connection=connection,

@@ -19,6 +19,7 @@ import socket
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import orjson
 import uvloop
@@ -171,7 +172,7 @@ async def _serve(settings: ServeSettings, gateway: GatewayConfig) -> None:
         await asyncio.gather(*(pool.stop(kill_at) for pool in pools))
 
 
-def _announce_locally(gateway: GatewayConfig) -> None:
+def _announce_locally(gateway: GatewayConfig, repository: Path) -> None:
     """The runtime file through which `sluice status` and `sluice jobs` find this serve."""
     host = gateway.host
     record = runtime_file.ServeRecord(
@@ -180,6 +181,7 @@ def _announce_locally(gateway: GatewayConfig) -> None:
         f"{host}:{gateway.http_port}",
         f"{host}:{gateway.metrics_port}",
         time.time(),
+        str(repository.resolve()),
     )
     try:
         runtime_file.write(record)
@@ -198,5 +200,5 @@ def run_serve(settings: ServeSettings) -> None:
             log.info("embedded Redis at %s, maxmemory %d MiB", redis_url, maxmemory >> 20)
         gateway = settings.gateway_config(redis_url)
         stack.callback(runtime_file.remove)
-        _announce_locally(gateway)
+        _announce_locally(gateway, settings.model_repository)
         uvloop.run(_serve(settings, gateway))

@@ -12,7 +12,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from sluice.runtime_file import redis_url_or_local
+from sluice.runtime_file import local_serve_options, redis_url_or_local
 from sluice.shared.fleet import fleet_status
 from sluice.shared.redis_client import REDIS_ERRORS, async_client
 
@@ -118,19 +118,13 @@ async def _show(redis_url: str, as_json: bool, watch: bool) -> None:
 
 
 @click.command()
-@click.option(
-    "--redis-url",
-    envvar="SLUICE_REDIS_URL",
-    show_envvar=True,
-    default=None,
-    help="Redis the fleet queues on (default: that of the sluice serve running on this machine).",
-)
+@local_serve_options
 @click.option("--json", "as_json", is_flag=True, help="Print the raw status as JSON.")
 @click.option("--watch", is_flag=True, help="Refresh every second until Ctrl-C.")
-def status(redis_url: str | None, as_json: bool, watch: bool) -> None:
+def status(redis_url: str | None, serve_pid: int | None, as_json: bool, watch: bool) -> None:
     """Live workers and gateways, and each model's queue (depth, pending, dead letters)."""
     try:
-        asyncio.run(_show(redis_url_or_local(redis_url), as_json, watch))
+        asyncio.run(_show(redis_url_or_local(redis_url, serve_pid), as_json, watch))
     except KeyboardInterrupt:
         pass
     except REDIS_ERRORS as exc:
