@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import parse_qsl
@@ -28,6 +29,7 @@ from sluice.gateway.routing import Route, Router
 from sluice.shared.bulk import BulkStatus
 from sluice.shared.errors import (
     InvalidInput,
+    MethodNotAllowed,
     PayloadTooLarge,
     SluiceError,
     Unauthorized,
@@ -49,6 +51,9 @@ HEADER_LENGTH_KEY = HEADER_LENGTH.encode()
 BINARY = (b"content-type", b"application/octet-stream")
 NPZ, NDJSON = b"application/x-npz", b"application/x-ndjson"
 GET, POST, DELETE = frozenset({"GET"}), frozenset({"POST"}), frozenset({"DELETE"})
+#: Triton's answer to a path it does not serve
+NOT_FOUND = "Not Found"
+_VERSION = re.compile("[0-9]+")
 Params = dict[str, str]
 
 
@@ -172,16 +177,16 @@ class GatewayApp:
         self.jobs = jobs
         self.auth_token = None if limits.auth_token is None else limits.auth_token.encode()
         self.restrictions = limits.http_restrictions
-        self.router = Router(self._routes())
+        self.router = Router(self._routes(), not_allowed=self._not_allowed)
 
     def _routes(self) -> list[Route]:
         model, version = "v2/models/{model}", "v2/models/{model}/versions/{version}"
         return [
             Route(f"{model}/infer/**", self._infer, POST),
             Route(f"{version}/infer/**", self._infer, POST),
-            Route("v2", self._server_metadata),
-            Route("v2/health/live", self._live),
-            Route("v2/health/ready", self._ready),
+            Route("v2", self._server_metadata, GET),
+            Route("v2/health/live", self._live, GET),
+            Route("v2/health/ready", self._ready, GET),
             Route("v2/fleet", self._fleet, GET),
             Route("v2/repository/index", self._repository_index, POST),
             Route("v2/repository/models/{model}/load", self._load_model, POST),
@@ -192,24 +197,21 @@ class GatewayApp:
             Route("v2/bulk/{bulk}", self._bulk_status, GET),
             Route("v2/bulk/{bulk}", self._cancel_bulk, DELETE),
             Route("v2/bulk/{bulk}/output", self._bulk_output, GET),
-            Route("v2/bulk/{rest}/**", self._unknown_bulk_path),
-            Route("v2/models/stats", self._all_statistics),
+            Route("v2/models/stats", self._all_statistics, GET),
             *(
                 route
                 for prefix in (version, model)
                 for route in (
-                    Route(prefix, self._model_metadata),
+                    Route(prefix, self._model_metadata, GET),
                     Route(f"{prefix}/jobs/**", self._submit_job, POST),
                     Route(f"{prefix}/generate/**", self._generate, POST),
                     Route(f"{prefix}/generate_stream/**", self._generate_stream, POST),
                     Route(f"{prefix}/bulk/**", self._submit_bulk, POST),
-                    Route(f"{prefix}/ready/**", self._model_ready),
-                    Route(f"{prefix}/config/**", self._model_config),
-                    Route(f"{prefix}/stats/**", self._model_statistics),
+                    Route(f"{prefix}/ready/**", self._model_ready, GET),
+                    Route(f"{prefix}/config/**", self._model_config, GET),
+                    Route(f"{prefix}/stats/**", self._model_statistics, GET),
                 )
             ),
-            Route(version + "/{action}/**", self._unknown_model_action),
-            Route(model + "/{action}/**", self._unknown_model_action),
         ]
 
     async def __call__(self, request: HttpRequest) -> HttpResponse:
@@ -220,8 +222,9 @@ class GatewayApp:
             if refusal is not None:
                 return refusal
             found = self.router.match(request.method, request.path)
-            if found is None:
-                raise UnknownRoute(f"unknown path {request.path}")
+            # Triton's routes take a version of digits alone
+            if found is None or not _VERSION.fullmatch(found[1].get("version", "1")):
+                raise UnknownRoute(NOT_FOUND)
             endpoint, params = found
             return await endpoint(request, params)
         except Exception as exc:
@@ -243,7 +246,7 @@ class GatewayApp:
         ):
             return error_response(Unauthorized(BEARER_REFUSAL))
         if path.strip("/").split("/", 1)[0] != "v2":
-            return error_response(UnknownRoute(f"unknown path {path}"))
+            return error_response(UnknownRoute(NOT_FOUND))
         return None
 
     def _restricted(self, path: str, headers: dict[bytes, bytes]) -> HttpResponse | None:
@@ -324,9 +327,8 @@ class GatewayApp:
         stats = await self.core.statistics(params["model"], params.get("version"))
         return json_response(stats)
 
-    async def _unknown_model_action(self, request: HttpRequest, params: Params) -> HttpResponse:
-        await self.core.view(params["model"], params.get("version"))  # an unknown model first
-        raise UnknownRoute(f"unknown model action '{params['action']}'")
+    async def _not_allowed(self, request: HttpRequest, params: Params) -> HttpResponse:
+        raise MethodNotAllowed
 
     # -- jobs --------------------------------------------------------------------------------
 
@@ -335,7 +337,8 @@ class GatewayApp:
         return _job_state(state)
 
     async def _get_job(self, request: HttpRequest, params: Params) -> HttpResponse:
-        found = await self.jobs.get(params["job"], _wait_seconds(request.query))
+        wait_s = _wait_seconds(request.query)
+        found = await self.jobs.get(params["job"], wait_s, request.disconnected)
         if isinstance(found, JobResponses):
             return json_response(found.to_json())
         return infer_response(found) if isinstance(found, InferOutcome) else _job_state(found)
@@ -381,7 +384,3 @@ class GatewayApp:
             (b"content-disposition", f'attachment; filename="{bulk_id}.{extension}"'.encode()),
         ]
         return HttpResponse(200, data, headers)
-
-    async def _unknown_bulk_path(self, request: HttpRequest, params: Params) -> HttpResponse:
-        rest = request.path.strip("/").split("/", 2)[2]
-        raise UnknownRoute(f"unknown bulk path /v2/bulk/{rest}")

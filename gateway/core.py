@@ -27,6 +27,7 @@ from sluice.shared.bulk import BulkStatus
 from sluice.shared.ensemble import is_ensemble
 from sluice.shared.errors import (
     InvalidInput,
+    ModelNotFound,
     ModelNotReady,
     SluiceError,
     Unavailable,
@@ -206,7 +207,10 @@ class GatewayCore:
         if model is None:
             views = list(self.table.models.values())
             return await metadata.model_statistics(self.dispatcher.redis, views, None)
-        view = await self.view(model, version)
+        try:
+            view = await self.view(model, version)
+        except ModelNotFound:
+            raise InvalidInput(f"requested model '{model}' is not available") from None
         wanted = int(version) if version else None
         return await metadata.model_statistics(self.dispatcher.redis, [view], wanted)
 
@@ -216,7 +220,10 @@ class GatewayCore:
         if version is not None and not (
             version.isascii() and version.isdecimal() and len(version) <= 18
         ):
-            raise InvalidInput(f"version must be a number, got '{version[:40]}'")
+            raise InvalidInput(
+                f"failed to get model version from specified version string '{version[:40]}' "
+                "(details: stol), version should be an integral value > 0"
+            )
         if name not in self.table.models:
             await self._refresh()  # a model registered since the last refresh
         return self.table.get(name)
@@ -230,6 +237,8 @@ class GatewayCore:
 
     async def model_config(self, model: str, version: str | None) -> dict[str, Any]:
         view = await self.view(model, version)
+        if version is not None:
+            view.resolve_version(version)  # an unknown version is an unknown model
         if view.withdrawn:
             raise no_versions(model)
         if view.config is None:
@@ -238,6 +247,8 @@ class GatewayCore:
 
     async def model_metadata(self, model: str, version: str | None) -> dict[str, Any]:
         view = await self.view(model, version)
+        if version is not None:
+            view.resolve_version(version)  # an unknown version is an unknown model
         if view.withdrawn:
             raise no_versions(model)
         if view.signature is None:
@@ -348,7 +359,7 @@ class GatewayCore:
         body = infer.inflate(self.limits.max_body_bytes)
         try:
             parsed = infer.decode(body, sig)
-            validate_inputs(sig, parsed.inputs)
+            validate_inputs(sig, parsed.inputs, parsed.id or "")
             known = sig.output_names()
             for output in parsed.outputs or ():
                 if output not in known:

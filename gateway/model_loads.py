@@ -37,21 +37,19 @@ def failed_to_poll(name: str) -> SluiceError:
 
 
 def check_load(name: str, config_json: str | None, files: Mapping[str, bytes] | None) -> None:
-    """A load's parameters as Triton takes them (InvalidInput naming the one that is wrong).
+    """A load's parameters as Triton takes them (InvalidInput naming the one that is wrong;
+    Triton's INTERNAL "failed to load" for a config override that is no JSON object).
     The name is checked first, with or without files: workers make it a directory."""
     if (problem := model_name_problem(name)) is not None:
         raise InvalidInput(f"load failed for model '{name}': {problem}")
     if config_json is not None:
+        # Triton reads the override with the repository: one that is no JSON object fails the poll
         try:
             config = json.loads(config_json)
-        except ValueError as exc:
-            raise InvalidInput(
-                f"load failed for model '{name}': parameter 'config' is not JSON: {exc}"
-            ) from None
+        except ValueError:
+            raise failed_to_poll(name) from None
         if not isinstance(config, dict):
-            raise InvalidInput(
-                f"load failed for model '{name}': parameter 'config' must be a JSON object"
-            )
+            raise failed_to_poll(name)
     if files:
         if config_json is None:
             raise InvalidInput(

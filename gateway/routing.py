@@ -4,7 +4,8 @@
 Patterns are matched against the path without its outer slashes. `{name}` is one path
 segment (possibly empty), passed to the endpoint by name; a trailing `/**` takes any further
 segments, which the endpoint ignores. Routes are tried in order, so put the busiest first and
-catch-alls last; a route whose methods do not include the request's is skipped. What a method
+catch-alls last; a route whose methods do not include the request's is skipped, and a path that
+only such routes match goes to the router's `not_allowed` endpoint (HTTP's 405). What a method
 and path matched is remembered (a dict lookup instead of the patterns on the hot path), so
 endpoints must not change the parameters they are given.
 """
@@ -47,8 +48,9 @@ class Route:
 
 
 class Router:
-    def __init__(self, routes: Sequence[Route]) -> None:
+    def __init__(self, routes: Sequence[Route], not_allowed: Endpoint | None = None) -> None:
         self.routes = tuple(routes)
+        self.not_allowed = not_allowed
         self._remembered: dict[tuple[str, str], Match | None] = {}
 
     def match(self, method: str, path: str) -> Match | None:
@@ -65,10 +67,15 @@ class Router:
 
     def _search(self, method: str, path: str) -> Match | None:
         subject = path.strip("/")
+        other_method = False
         for route in self.routes:
-            if route.methods is not None and method not in route.methods:
-                continue
             found = route.regex.fullmatch(subject)
-            if found is not None:
-                return route.endpoint, found.groupdict()
+            if found is None:
+                continue
+            if route.methods is not None and method not in route.methods:
+                other_method = True
+                continue
+            return route.endpoint, found.groupdict()
+        if other_method and self.not_allowed is not None:
+            return self.not_allowed, {}
         return None

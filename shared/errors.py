@@ -33,9 +33,9 @@ class PayloadTooLarge(SluiceError):
 
 
 class ModelNotFound(SluiceError):
-    """Triton answers 400 for an unknown model, and so do we."""
+    """An unknown model or version: Triton 2.51 answers 404 (gRPC NOT_FOUND)."""
 
-    http_status = 400
+    http_status = 404
     code = "NOT_FOUND"
 
 
@@ -59,6 +59,16 @@ class UnknownRoute(SluiceError):
 
     http_status = 404
     code = "NOT_FOUND"
+
+
+class MethodNotAllowed(SluiceError):
+    """A known path asked with a method it does not serve (HTTP 405, Triton's text)."""
+
+    http_status = 405
+    code = "UNAVAILABLE"
+
+    def __init__(self) -> None:
+        super().__init__("Method Not Allowed")
 
 
 class Conflict(SluiceError):

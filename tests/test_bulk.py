@@ -90,8 +90,8 @@ def test_an_npy_file_feeds_the_only_input() -> None:
     ("data", "fmt", "message"),
     [
         (_npz(Z=np.zeros((2, 4), np.float32)), "npz", "unexpected inference input 'Z'"),
-        (_npz(X=np.zeros((2, 5), np.float32)), "npz", "input 'X': unexpected shape [1, 5]"),
-        (_npz(X=np.zeros((2, 4), np.int64)), "npz", "input 'X': datatype INT64"),
+        (_npz(X=np.zeros((2, 5), np.float32)), "npz", "Expected [-1,4], got [1,5]"),
+        (_npz(X=np.zeros((2, 4), np.int64)), "npz", "input 'X' data-type is 'INT64'"),
         (_npz(X=np.zeros((0, 4), np.float32)), "npz", "no items"),
         (b"not a numpy file", "npy", "not a valid .npy file"),
         (_npz(X=np.zeros((2, 4), np.float32)), "npy", "an .npz archive, not an .npy"),
@@ -113,7 +113,7 @@ def test_json_lines_keep_each_line_s_id_and_count_lines_from_one() -> None:
     bad = {"inputs": [{"name": "X", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]}
     data = (json.dumps(good) + "\n\n" + json.dumps(good) + "\n").encode()
     assert [i.client_id for i in read_items(data, "jsonl", SIG)] == ["a", "a"]
-    with pytest.raises(InvalidInput, match="line 2: input 'X'"):
+    with pytest.raises(InvalidInput, match="line 2: .*unexpected shape for input 'X'"):
         read_items((json.dumps(good) + "\n" + json.dumps(bad)).encode(), "jsonl", SIG)
 
 
@@ -235,7 +235,7 @@ def test_bulk_json_lines_over_http_echo_each_line_s_id(service: Service) -> None
         ("/v2/models/affine/bulk", b"x", 400, "?format=npz|npy|jsonl"),
         ("/v2/models/affine/bulk?format=jsonl", b'{"inputs": 3}', 400, "line 1: 'inputs'"),
         ("/v2/models/affine/bulk?format=npz&window=0", _npz(X=np.zeros((1, 4))), 400, "'window'"),
-        ("/v2/models/nope/bulk?format=npz", b"", 400, "unknown model: 'nope'"),
+        ("/v2/models/nope/bulk?format=npz", b"", 404, "unknown model: 'nope'"),
     ],
 )
 def test_bad_bulk_uploads_get_clear_errors(

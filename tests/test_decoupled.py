@@ -265,7 +265,7 @@ def test_generate_refuses_what_does_not_fit(service: Service) -> None:
     status, answer = _generate(service, "echo", {"text_input": "x", "nested": {"a": 1}})
     assert status == 400 and "parameter 'nested'" in answer["error"]
     status, answer = _generate(service, "nowhere", {"text_input": "x"})
-    assert status == 400 and "unknown model: 'nowhere'" in answer["error"]
+    assert status == 404 and "unknown model: 'nowhere'" in answer["error"]
 
 
 def test_generate_stream_errors_in_band_and_first_as_400(service: Service) -> None:

@@ -252,7 +252,7 @@ def test_raw_and_typed_contents_may_not_mix(stub: Any) -> None:
         ("no_such_model", [("X", np.ones((1, 4), np.float32), "FP32")], "NOT_FOUND", "no_such"),
         ("broken", [("X", np.ones((1, 4), np.float32), "FP32")], "NOT_FOUND", "broken"),
         ("affine", [("X", np.ones((1, 5), np.float32), "FP32")], "INVALID_ARGUMENT", "shape"),
-        ("affine", [("X", np.ones((1, 4), np.int32), "INT32")], "INVALID_ARGUMENT", "datatype"),
+        ("affine", [("X", np.ones((1, 4), np.int32), "INT32")], "INVALID_ARGUMENT", "data-type"),
         ("affine", [("Y", np.ones((1, 4), np.float32), "FP32")], "INVALID_ARGUMENT", "'Y'"),
         ("affine", [("X", np.full((1, 4), 13, np.float32), "FP32")], "INTERNAL", "unlucky"),
     ],

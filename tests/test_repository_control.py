@@ -205,7 +205,8 @@ def test_failed_and_unknown_loads_answer_as_triton(explicit: Service) -> None:
 
     load = "/v2/repository/models/affine/load"
     status, body = _call(explicit, "POST", load, {"parameters": {"config": "{not json"}})
-    assert status == 400 and "parameter 'config'" in body["error"]
+    poll_failed = "failed to load 'affine', failed to poll from model repository"
+    assert (status, body) == (500, {"error": poll_failed})
     status, body = _call(explicit, "POST", load, {"parameters": {"file:1/model.py": "eA=="}})
     assert status == 400 and "'config' is required" in body["error"]
     config = json.dumps({"name": "affine"})

@@ -14,7 +14,7 @@ from sluice.gateway.metadata import repository_index
 from sluice.gateway.model_loads import check_load, load_fleet_wide, load_outcome
 from sluice.gateway.model_table import ModelTable, ModelView
 from sluice.shared import keys
-from sluice.shared.errors import InvalidInput
+from sluice.shared.errors import InvalidInput, SluiceError
 from sluice.shared.redis_client import async_client
 from sluice.shared.registry import (
     LOADING,
@@ -120,8 +120,12 @@ def test_settings_checks_and_load_parameters() -> None:
         with pytest.raises(ValueError, match="inside the model directory"):
             override_path(bad)
     check_load("m", '{"max_batch_size": 2}', None)
-    with pytest.raises(InvalidInput, match="must be a JSON object"):
-        check_load("m", "[]", None)
+    # Triton's answer (INTERNAL) to a config override that is no JSON object
+    for bad in ("[]", '"parameters": {"config": {{"max_batch_size": "16"}}}'):
+        with pytest.raises(SluiceError) as caught:
+            check_load("m", bad, None)
+        assert caught.value.message == "failed to load 'm', failed to poll from model repository"
+        assert caught.value.http_status == 500
     with pytest.raises(InvalidInput, match="'config' is required"):
         check_load("m", None, {"file:1/model.py": b"x"})
 

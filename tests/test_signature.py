@@ -9,7 +9,7 @@ import pytest
 from sluice.shared.datatypes import serialize_bytes_elements
 from sluice.shared.errors import InvalidInput
 from sluice.shared.protocol import Tensor
-from sluice.shared.signature import IOSpec, Signature, validate_inputs
+from sluice.shared.signature import BATCH_DIM_NOTE, IOSpec, Signature, validate_inputs
 
 CONFIG: dict[str, Any] = {
     "name": "m",
@@ -68,42 +68,67 @@ def test_order_of_inputs_does_not_matter() -> None:
     assert validate_inputs(SIG, list(reversed(good(2)))) == 2
 
 
+# Triton 2.51's texts, read off tritonserver on the same requests
+AT = "[request id: <id_unknown>] "
+
+
 def test_missing_input() -> None:
     message = invalid(good()[:2])
-    assert message == "expected input 'S' for model 'm'"
+    assert message == (
+        f"{AT}expected 3 inputs but got 2 inputs for model 'm'. Got input(s) ['A','B'], but "
+        "missing required input(s) ['S']. Please provide all required input(s)."
+    )
 
 
 def test_unexpected_input() -> None:
     message = invalid([*good(), fp32((3, 4), name="EXTRA")])
+    assert message == (  # Triton prints an empty list of names as a lone ']'
+        f"{AT}expected 3 inputs but got 4 inputs for model 'm'. Got input(s) "
+        "['A','B','S','EXTRA'], but missing required input(s) ]. Please provide all required "
+        "input(s)."
+    )
+    message = invalid([*good()[:2], fp32((3, 4), name="EXTRA")])
     assert message == "unexpected inference input 'EXTRA' for model 'm'"
 
 
 def test_duplicate_input_name() -> None:
-    message = invalid([*good(), fp32((3, 4))])
-    assert message == "duplicate input name in request for model 'm'"
+    assert invalid([*good(), fp32((3, 4))]) == f"{AT}input 'A' already exists in request"
+
+
+def test_request_id_names_the_request() -> None:
+    with pytest.raises(InvalidInput) as caught:
+        validate_inputs(SIG, [*good(), fp32((3, 4))], "r-7")
+    assert caught.value.message == "[request id: r-7] input 'A' already exists in request"
 
 
 def test_wrong_datatype() -> None:
     inputs = good()
     inputs[0] = Tensor("A", "FP64", (3, 4), np.zeros((3, 4), dtype="<f8").tobytes())
-    assert invalid(inputs) == "input 'A': datatype FP64 does not match the model's FP32"
+    assert invalid(inputs) == (
+        f"{AT}inference input 'A' data-type is 'FP64', but model 'm' expects 'FP32'"
+    )
+
+
+def _shape_error(name: str, expected: str, got: str, model: str = "m", note: bool = True) -> str:
+    text = f"{AT}unexpected shape for input '{name}' for model '{model}'. Expected {expected}, "
+    return text + f"got {got}." + (BATCH_DIM_NOTE if note else "")
 
 
 @pytest.mark.parametrize("shape", [(3,), (3, 4, 1), (3, 2, 2)])
 def test_wrong_rank(shape: tuple[int, ...]) -> None:
     inputs = good()
     inputs[0] = fp32(shape)
-    message = invalid(inputs)
-    assert message == f"input 'A': unexpected shape {list(shape)}, model expects [-1, 4]"
+    got = "[" + ",".join(map(str, shape)) + "]"
+    assert invalid(inputs) == _shape_error("A", "[-1,4]", got)
 
 
 def test_fixed_dim_mismatch() -> None:
     inputs = good()
     inputs[0] = fp32((3, 5))
-    assert invalid(inputs) == "input 'A': unexpected shape [3, 5], model expects [-1, 4]"
+    assert invalid(inputs) == _shape_error("A", "[-1,4]", "[3,5]")
     inputs = good()
     inputs[1] = int64((3, 5, 3))
-    assert invalid(inputs) == "input 'B': unexpected shape [3, 5, 3], model expects [-1, -1, 2]"
+    assert invalid(inputs) == _shape_error("B", "[-1,-1,2]", "[3,5,3]")
 
 
 @pytest.mark.parametrize("variable", [0, 1, 7, 1000])
@@ -124,12 +149,12 @@ def test_missing_batch_dim() -> None:
 def test_inputs_with_differing_batch_dims() -> None:
     inputs = [fp32((3, 4)), int64((2, 5, 2)), strings(3)]
     message = invalid(inputs)
-    assert message == "input 'B' batch size does not match other inputs for 'm'"
+    assert message == f"{AT}input 'B' batch size does not match other inputs for 'm'"
 
 
 def test_batch_larger_than_max_batch_size() -> None:
     message = invalid(good(9))
-    assert message == "inference request batch-size must be <= 8 for 'm'"
+    assert message == f"{AT}inference request batch-size must be <= 8 for 'm'"
 
 
 def test_negative_dim() -> None:
@@ -170,9 +195,9 @@ def test_max_batch_size_zero_has_no_batch_dim() -> None:
     assert NO_BATCH.full_shape(NO_BATCH.inputs[0]) == [2, 3]
     assert validate_inputs(NO_BATCH, [int32((2, 3))]) == 1
     message = invalid([int32((1, 2, 3))], NO_BATCH)
-    assert message == "input 'X': unexpected shape [1, 2, 3], model expects [2, 3]"
+    assert message == _shape_error("X", "[2,3]", "[1,2,3]", "flat", note=False)
     message = invalid([int32((4, 3))], NO_BATCH)
-    assert message == "input 'X': unexpected shape [4, 3], model expects [2, 3]"
+    assert message == _shape_error("X", "[2,3]", "[4,3]", "flat", note=False)
 
 
 OPTIONAL = Signature.from_config(
@@ -201,7 +226,7 @@ def test_optional_input_is_still_checked_when_present() -> None:
         "input 'MASK': got 7 bytes, shape [2, 4] of BOOL needs 8"
     )
     assert invalid([fp32((2, 4)), Tensor("MASK", "BOOL", (3, 4), b"\x01" * 12)], OPTIONAL) == (
-        "input 'MASK' batch size does not match other inputs for 'opt'"
+        f"{AT}input 'MASK' batch size does not match other inputs for 'opt'"
     )
 
 
@@ -212,5 +237,5 @@ def test_required_input_missing_next_to_an_optional_one() -> None:
 
 def test_batch_limit_uses_the_model_name_and_its_max() -> None:
     assert invalid([fp32((5, 4))], OPTIONAL) == (
-        "inference request batch-size must be <= 4 for 'opt'"
+        f"{AT}inference request batch-size must be <= 4 for 'opt'"
     )
