@@ -24,7 +24,7 @@ from sluice.gateway.outbox import Route
 from sluice.gateway.restricted_apis import Restrictions
 from sluice.shared import keys
 from sluice.shared.bulk import BulkStatus
-from sluice.shared.ensemble import is_ensemble
+from sluice.shared.ensemble import collect_configs, composing_models, is_ensemble
 from sluice.shared.errors import (
     InvalidInput,
     ModelNotFound,
@@ -169,7 +169,9 @@ class GatewayCore:
         self, name: str, config_json: str | None = None, files: Mapping[str, bytes] | None = None
     ) -> None:
         """Load (or reload) the model on every worker that serves it; returns once it is READY
-        on one, fails with the workers' reasons if none could (see gateway/model_loads.py)."""
+        on one, fails with the workers' reasons if none could (see gateway/model_loads.py).
+        An ensemble's composing models not ready yet are loaded too, nested ones' as well, as
+        Triton does."""
         self._explicit_only()
         check_load(name, config_json, files)
         await self._refresh()
@@ -178,18 +180,42 @@ class GatewayCore:
         timeout_s, most = self.limits.request_timeout_s, self.limits.max_override_models
         await load_fleet_wide(self.dispatcher.redis, name, config_json, files, timeout_s, most)
         await self._refresh()  # its config (batching, signature) as of this load, here at once
+        steps, seen = self._steps(name), {name}
+        while steps:
+            step = steps.pop(0)
+            if step in seen:
+                continue
+            seen.add(step)
+            view = self.table.models.get(step)
+            if view is None or not view.ready:
+                await load_fleet_wide(self.dispatcher.redis, step, None, None, timeout_s, most)
+                await self._refresh()
+            steps += self._steps(step)
+
+    def _steps(self, name: str) -> list[str]:
+        """The composing models of `name` if it is an ensemble whose config is known here."""
+        config = self._config_of(name)
+        return composing_models(config) if config is not None and is_ensemble(config) else []
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         """Unload the model fleet-wide; returns at once (Triton's UNLOADING), the workers finish
         the requests already queued and then report it UNAVAILABLE "unloaded".
-        `unload_dependents` is accepted; an ensemble stays loaded and reports a composing
-        model that is not ready when a request comes."""
+        With `unload_dependents` an ensemble's composing models (nested ones' too) go as well;
+        without, they stay loaded."""
         self._explicit_only()
         await self._refresh()
         if name not in self.table.repository and name not in self.table.models:
             return  # nothing to unload, as Triton answers
-        await declare(self.dispatcher.redis, name, loaded=False)
-        self.table.withdraw(name)
+        names = [name]
+        if unload_dependents:
+            names += [m for m in collect_configs(name, self._config_of) if m != name]
+        for model in names:
+            await declare(self.dispatcher.redis, model, loaded=False)
+            self.table.withdraw(model)
+
+    def _config_of(self, name: str) -> dict[str, Any] | None:
+        view = self.table.models.get(name)
+        return view.config if view is not None else None
 
     def _explicit_only(self) -> None:
         if self.limits.model_control_mode != "explicit":
