@@ -97,7 +97,8 @@ def test_an_ordinary_call_to_a_decoupled_model_is_tritons_error(redis: Any, bls:
     result = bls.submit(_call()).result(timeout=30)
     assert result.error is not None
     assert result.error[1].startswith(
-        "Model target is using the decoupled. The current BLS request call doesn't support"
+        "Model target - Error when running inference: Model target is using the decoupled. "
+        "The current BLS request call doesn't support"
     )
     assert not redis.exists(keys.request_stream("target"))
 
@@ -191,4 +192,7 @@ def test_a_failed_decoupled_call_is_one_final_error(bls: BlsClient) -> None:
     (only,) = list(bls.submit_streamed(_call(model="absent")))
     assert only.final
     assert only.error is not None
-    assert only.error[1] == "Failed for execute the inference request. Model 'absent' is not ready."
+    assert only.error[1] == (
+        "Model absent - Error when running inference: Failed for execute the inference "
+        "request. Model 'absent' is not ready."
+    )

@@ -204,17 +204,19 @@ class BlsClient:
             self._reader = asyncio.create_task(self._read_replies())
         await self._connected  # before this call and the others use the client together
         target = await self._target(call.model)
+        failed = f"Model {call.model} - Error when running inference: "  # Triton's prefix
         if target.config is None or (call.version and call.version not in target.versions):
             # Triton's text for an unknown, unready or missing version alike
             raise ModelExecutionError(
-                f"Failed for execute the inference request. Model '{call.model}' is not ready."
+                f"{failed}Failed for execute the inference request. Model '{call.model}' is "
+                "not ready."
             )
         if request_id not in self._streams and is_decoupled(target.config):
             raise ModelExecutionError(
-                f"Model {call.model} is using the decoupled. The current BLS request call "
-                "doesn't support models using the decoupled transaction policy. Please use "
-                "'decoupled=True' argument to the 'exec' or 'async_exec' calls for decoupled "
-                "models.'"
+                f"{failed}Model {call.model} is using the decoupled. The current BLS request "
+                "call doesn't support models using the decoupled transaction policy. Please "
+                "use 'decoupled=True' argument to the 'exec' or 'async_exec' calls for "
+                "decoupled models.'"
             )
         policy = QueuePolicy.from_config(target.config)
         level = policy.level_of(call.parameters)
