@@ -278,8 +278,12 @@ def _holds(version_dir: Path, filename: str) -> bool:
 def _resolve_backend(cfg: ModelConfig, err: _Errors) -> str:
     """Fill platform/backend/default filename as Triton's autofill does; return the kind."""
     platform, backend = cfg.platform, cfg.backend
-    if not platform and not backend:
-        raise err("platform", "must specify 'platform' or 'backend'")
+    if not platform and not backend:  # and its files did not tell (detect_backend)
+        raise ModelConfigError(
+            f"{err.path}: Invalid model name: Could not determine backend for model "
+            f"'{cfg.name}' with no backend in model configuration. Expected model name of the "
+            "form 'model.<backend_name>'."
+        )
     if platform:
         rule = next((r for r in BACKEND_RULES if platform in r.platforms), None)
         if rule is None:

@@ -74,7 +74,8 @@ def check_installed(command: str, extra: str) -> None:
 
 
 def check_repository(path: Path, option: str = "--model-repository") -> None:
-    """A readable directory holding at least one `<model>/config.pbtxt`."""
+    """A readable directory holding at least one model: a folder with a `config.pbtxt` or a
+    version folder (a model without config.pbtxt is auto-completed, as Triton's)."""
     # model_config brings protobuf and tritonclient, which only the worker extra installs
     from sluice.shared.model_config import CONFIG_FILENAME
 
@@ -84,13 +85,17 @@ def check_repository(path: Path, option: str = "--model-repository") -> None:
         raise StartupError(f"{option} {path}: not a directory")
     try:
         folders = [p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".")]
-        holds_model = any((p / CONFIG_FILENAME).is_file() for p in folders)
+        holds_model = any(
+            (p / CONFIG_FILENAME).is_file()
+            or any(v.is_dir() and v.name.isdigit() for v in p.iterdir())
+            for p in folders
+        )
     except OSError as exc:
         raise StartupError(f"{option} {path}: cannot read it ({_reason(exc)})") from None
     if not holds_model:
         raise StartupError(
             f"{option} {path}: model repository {path} holds no model "
-            f"(expected <model>/{CONFIG_FILENAME} and <model>/<version>/)"
+            f"(expected <model>/<version>/ and, unless its files say, <model>/{CONFIG_FILENAME})"
         )
 
 

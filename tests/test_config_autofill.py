@@ -168,7 +168,7 @@ def test_only_the_first_version_directory_is_looked_at(tmp_path: Path) -> None:
     (model_dir / "2" / "model.py").write_text(PLAIN)
     entry = scan_model(model_dir, complete=complete_config)
     assert entry.error is not None
-    assert "platform: must specify 'platform' or 'backend'" in entry.error
+    assert "Could not determine backend for model" in entry.error
 
 
 def test_a_folder_nothing_recognisable_in_is_refused_as_triton_does(tmp_path: Path) -> None:
@@ -177,7 +177,7 @@ def test_a_folder_nothing_recognisable_in_is_refused_as_triton_does(tmp_path: Pa
     entry = scan_model(tmp_path / "m", complete=complete_config)
     assert entry.spec is None
     assert entry.error is not None
-    assert "must specify 'platform' or 'backend'" in entry.error
+    assert "Could not determine backend for model" in entry.error
 
 
 def test_an_onnx_model_without_config_is_completed_from_its_graph(tmp_path: Path) -> None:

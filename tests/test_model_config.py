@@ -247,7 +247,7 @@ def test_unknown_field_names_file_and_line(tmp_path: Path) -> None:
         ('platform: "tensorflow_graphdef"', "platform: unsupported platform 'tensorflow_graphdef'"),
         ('backend: "dali"', "backend: unsupported backend 'dali'"),
         ('platform: "pytorch_libtorch" backend: "python"', "backend: backend 'python' does not"),
-        ("max_batch_size: 4", "platform: must specify 'platform' or 'backend'"),
+        ("max_batch_size: 4", "Could not determine backend for model"),
         ('name: "other" backend: "pytorch"', "name: 'other' must equal the directory name 'm'"),
         (
             'backend: "pytorch" instance_group [ { kind: KIND_CPU }, { kind: KIND_GPU } ]',
@@ -319,7 +319,7 @@ def test_empty_reshape_needs_batching(tmp_path: Path) -> None:
 def test_missing_config_file(tmp_path: Path) -> None:
     """Auto-completed as Triton's default: with no model file, no backend to fill it."""
     (tmp_path / "m").mkdir()
-    with pytest.raises(ModelConfigError, match="must specify 'platform' or 'backend'"):
+    with pytest.raises(ModelConfigError, match="Could not determine backend for model"):
         load_model_config(tmp_path / "m")
 
 

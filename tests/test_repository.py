@@ -92,7 +92,7 @@ def test_scan_reports_bad_models_and_loads_the_rest(tmp_path: Path) -> None:
 
     # no config.pbtxt and no model file to tell the backend by (Triton's autofill finds none)
     assert entries["empty"].error is not None
-    assert "must specify 'platform' or 'backend'" in entries["empty"].error
+    assert "Could not determine backend for model" in entries["empty"].error
     assert entries["empty"].spec is None
     assert entries["noversion"].error is not None
     assert "no version directory" in entries["noversion"].error

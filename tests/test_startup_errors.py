@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from sluice.preflight import check_repository
 from tests.conftest import free_port
 
 MARK = "SLUICE_STARTUP_TEST_MARK"
@@ -97,13 +98,20 @@ def test_a_file_as_repository(tmp_path: Path) -> None:
 
 
 def test_an_empty_repository_holds_no_model(tmp_path: Path) -> None:
-    (tmp_path / "not-a-model").mkdir()  # a folder without config.pbtxt is no model either
+    # a folder without config.pbtxt or a version folder is no model either
+    (tmp_path / "not-a-model" / "v1").mkdir(parents=True)
     code, lines = _serve(tmp_path)
     assert code == 2
     assert lines == [
         f"sluice: --model-repository {tmp_path}: model repository {tmp_path} holds no model "
-        "(expected <model>/config.pbtxt and <model>/<version>/)"
+        "(expected <model>/<version>/ and, unless its files say, <model>/config.pbtxt)"
     ]
+
+
+def test_a_model_without_config_pbtxt_is_a_model(tmp_path: Path) -> None:
+    """Triton auto-completes it from its files: the start-up check lets it through."""
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    check_repository(tmp_path)
 
 
 def test_an_unreachable_redis(model_repo: Path) -> None:
