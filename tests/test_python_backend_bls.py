@@ -196,3 +196,14 @@ def test_a_failed_decoupled_call_is_one_final_error(bls: BlsClient) -> None:
         "Model absent - Error when running inference: Failed for execute the inference "
         "request. Model 'absent' is not ready."
     )
+
+
+def test_is_ready_reads_the_targets_record(redis: Any, bls: BlsClient) -> None:
+    """pb_utils.is_model_ready: served, at a version served; unknown or failed is not."""
+    _register(redis, CONFIG)
+    assert bls.is_ready("target", 0)
+    assert bls.is_ready("target", 2)
+    assert not bls.is_ready("target", 3)
+    assert not bls.is_ready("absent", 0)
+    redis.hset(keys.MODELS, "broken", encode_model_record(None, [], "bad config"))
+    assert not bls.is_ready("broken", 0)

@@ -109,6 +109,11 @@ def submit_streamed(call: BlsCall) -> StreamedResults:
     return _shared_client().submit_streamed(call)
 
 
+def is_ready(model: str, version: int) -> bool:
+    """Whether `model` (its `version`; 0: its latest) is ready somewhere in the fleet."""
+    return _shared_client().is_ready(model, version)
+
+
 def _shared_client() -> BlsClient:
     global _client
     with _lock:
@@ -197,12 +202,24 @@ class BlsClient:
         except REDIS_ERRORS as exc:
             return Result(request_id, error=("UNAVAILABLE", f"queue unavailable: {exc}"))
 
-    async def _infer(self, request_id: str, call: BlsCall) -> Result:
+    async def _connect(self) -> None:
         if self._connected is None:
             self._redis = async_client(self._url)
             self._connected = asyncio.ensure_future(initialized(self._redis))
             self._reader = asyncio.create_task(self._read_replies())
         await self._connected  # before this call and the others use the client together
+
+    def is_ready(self, model: str, version: int) -> bool:
+        """Whether the fleet serves `model` (its `version`; 0: any), as its record says."""
+        return asyncio.run_coroutine_threadsafe(self._is_ready(model, version), self._loop).result()
+
+    async def _is_ready(self, model: str, version: int) -> bool:
+        await self._connect()
+        target = await self._target(model)
+        return target.config is not None and (not version or version in target.versions)
+
+    async def _infer(self, request_id: str, call: BlsCall) -> Result:
+        await self._connect()
         target = await self._target(call.model)
         failed = f"Model {call.model} - Error when running inference: "  # Triton's prefix
         if target.config is None or (call.version and call.version not in target.versions):

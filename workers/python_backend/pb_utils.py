@@ -12,6 +12,7 @@ import logging
 import sys
 from typing import Any
 
+from sluice.workers.python_backend import bls
 from sluice.workers.python_backend.context import model_dir
 from sluice.workers.python_backend.custom_metrics import Metric, MetricFamily
 from sluice.workers.python_backend.errors import TritonError, TritonModelException
@@ -161,7 +162,15 @@ def unload_model(model_name: str, unload_dependents: bool = False) -> None:
 
 
 def is_model_ready(model_name: str, model_version: str = "") -> bool:
-    raise _not_supported("pb_utils.is_model_ready")
+    """Whether the fleet serves the model (the version, if given), as Triton's; an unknown
+    model is not ready."""
+    try:
+        version = int(model_version) if model_version else 0
+    except ValueError:
+        raise TritonModelException(
+            f"failed to convert model version '{model_version}' to an integer"
+        ) from None
+    return bls.is_ready(model_name, version)
 
 
 def install() -> None:
