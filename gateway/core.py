@@ -238,6 +238,9 @@ class GatewayCore:
         except ModelNotFound:
             raise InvalidInput(f"requested model '{model}' is not available") from None
         wanted = int(version) if version else None
+        if wanted is not None and wanted not in view.versions:
+            message = f"requested model version is not available for model '{model}'"
+            raise InvalidInput(message)
         return await metadata.model_statistics(self.dispatcher.redis, [view], wanted)
 
     async def view(self, name: str, version: str | None = None) -> ModelView:
@@ -255,8 +258,12 @@ class GatewayCore:
         return self.table.get(name)
 
     async def model_ready(self, model: str, version: str | None) -> None:
-        """Returns when the model (version) serves; ModelNotReady otherwise."""
-        view = await self.view(model, version)
+        """Returns when the model (version) serves; ModelNotReady otherwise (an unknown model
+        too, as Triton)."""
+        try:
+            view = await self.view(model, version)
+        except ModelNotFound:
+            raise ModelNotReady("Model version not ready") from None
         ready = (int(version) in view.ready_versions) if version else view.ready
         if not ready:
             raise ModelNotReady("Model version not ready")

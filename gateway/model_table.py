@@ -49,9 +49,9 @@ UNLOADED = "unloaded"
 STATE_ORDER = (LOADING, UNLOADING, UNAVAILABLE)
 
 
-def no_versions(name: str) -> ModelNotReady:
-    """Triton's answer to a request for a model that has no version to serve it."""
-    return ModelNotReady(f"Request for unknown model: '{name}' has no available versions")
+def no_versions(name: str) -> ModelNotFound:
+    """Triton's answer (404, NOT_FOUND) to a request for a model with no version to serve it."""
+    return ModelNotFound(f"Request for unknown model: '{name}' has no available versions")
 
 
 @dataclass

@@ -183,11 +183,11 @@ def test_a_load_is_followed_by_every_worker_and_an_unload_finishes(explicit: Ser
         assert _index(explicit)["batch8"][0]["state"] == "UNAVAILABLE"
         assert not _serves(explicit.redis_url, "batch8")
     status, body = _infer(explicit, "batch8", "IN", 1.0)
-    assert (status, body) == (400, {"error": NO_VERSIONS.format("batch8")})
-    assert _call(explicit, "GET", "/v2/models/batch8/config")[0] == 400
+    assert (status, body) == (404, {"error": NO_VERSIONS.format("batch8")})  # as Triton 2.51
+    assert _call(explicit, "GET", "/v2/models/batch8/config")[0] == 404
     job = {"inputs": [{"name": "IN", "shape": [1, 4], "datatype": "FP32", "data": [1] * 4}]}
     for path in ("/v2/models/batch8/jobs", "/v2/models/batch8/bulk"):
-        assert _call(explicit, "POST", path, job) == (400, {"error": NO_VERSIONS.format("batch8")})
+        assert _call(explicit, "POST", path, job) == (404, {"error": NO_VERSIONS.format("batch8")})
     assert _call(explicit, "GET", "/v2/health/ready")[0] == 200  # unloaded on purpose
 
 
@@ -300,7 +300,7 @@ def test_unload_finishes_the_requests_already_queued(explicit: Service) -> None:
             )
             client.unload_model("batch8")
             answers = [f.result() for f in futures]
-        assert _infer(explicit, "batch8", "IN", 9.0)[0] == 400  # new ones are refused
+        assert _infer(explicit, "batch8", "IN", 9.0)[0] == 404  # new ones are refused
     for i, answer in enumerate(answers):
         assert _output(answer) == [2.0 * i] * 4
     wait_until(lambda: _index(explicit)["batch8"][0].get("reason") == "unloaded", "unloaded")
@@ -474,7 +474,7 @@ def _poll_mode(redis_url: str, tmp_path: Path) -> None:
 
         shutil.rmtree(repo / "affine")
         wait_until(lambda: _state(service, "affine") != "READY", "affine unloading")
-        assert _infer(service, "affine", "X", 1.0)[0] == 400
+        assert _infer(service, "affine", "X", 1.0)[0] == 404
         wait_until(lambda: _index(service)["affine"][0].get("reason") == "unloaded", "unloaded")
         assert _state(service, "affine") == "UNAVAILABLE"
         assert _state(service, "batch8") == "READY"

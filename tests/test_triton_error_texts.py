@@ -39,6 +39,13 @@ ONE = {"name": "IN", "datatype": "FP32", "shape": [1, 4], "data": [1.0] * 4}
             "Request for unknown model: 'batch8' version 7 is not found",
         ),
         ("GET", "/v2/models/batch8/versions/7/ready", 400, "Model version not ready"),
+        ("GET", "/v2/models/nosuch/ready", 400, "Model version not ready"),
+        (
+            "GET",
+            "/v2/models/batch8/versions/7/stats",
+            400,
+            "requested model version is not available for model 'batch8'",
+        ),
         # Triton's routes take digits alone for a version
         ("GET", "/v2/models/batch8/versions/abc", 404, "Not Found"),
         ("GET", "/v2/models/batch8/versions/abc/ready", 404, "Not Found"),
