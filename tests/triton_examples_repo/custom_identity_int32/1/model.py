@@ -1,0 +1,1 @@
+../../simple_identity/1/model.py
