@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import click
 
@@ -38,6 +39,10 @@ main.add_command(status)
 @settings_command(ServeSettings)
 def serve(settings: ServeSettings) -> None:
     """Run Redis (if needed), workers and a gateway in one command."""
+    # serve forks only to exec its children, so gRPC's fork handlers (which log a line for every
+    # fork made while the gateway's gRPC threads run) have nothing to protect; gRPC reads this
+    # when first imported, which sluice.serve does
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     from sluice import preflight
     from sluice.serve import run_serve
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +54,8 @@ class Backend:
     host_inputs: bool = False
     #: it runs only on an NVIDIA GPU (CUDA).
     needs_cuda: bool = False
+    #: environment variables its packages read as they are imported, unless already set.
+    environment: tuple[tuple[str, str], ...] = ()
 
 
 #: keyed by ModelSpec.kind (shared/model_config.py BACKEND_RULES).
@@ -62,7 +65,15 @@ BACKENDS: dict[str, Backend] = {
     "onnxruntime": Backend("onnxruntime", ("onnxruntime",), "onnx", host_inputs=True),
     "torch_aoti": Backend("torch_aoti"),
     "fil": Backend("fil", ("treelite",), "fil", host_inputs=True),
-    "tensorflow": Backend("tensorflow", ("tensorflow",), "tensorflow", host_inputs=True),
+    "tensorflow": Backend(
+        "tensorflow",
+        ("tensorflow",),
+        "tensorflow",
+        host_inputs=True,
+        # TensorFlow's own INFO lines (CPU features it was not built for) stay out of the
+        # worker's log; its warnings and errors still reach it
+        environment=(("TF_CPP_MIN_LOG_LEVEL", "1"),),
+    ),
     "openvino": Backend("openvino", ("openvino",), "openvino", host_inputs=True),
     "tensorrt": Backend("tensorrt", ("tensorrt",), "tensorrt", needs_cuda=True),
 }
@@ -162,6 +173,8 @@ def _backend_module(kind: str, model: str, where: Path) -> ModuleType:
         raise ModelConfigError(
             f"model '{model}' needs {_packages(missing)}" + (f": {install}" if install else "")
         )
+    for name, value in backend.environment:
+        os.environ.setdefault(name, value)
     return importlib.import_module(f"{__name__}.{backend.module}")
 
 
