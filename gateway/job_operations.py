@@ -6,6 +6,7 @@ The storage is gateway/jobs.py; the request is prepared as an infer request is
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -94,10 +95,13 @@ class JobOperations:
         await self.store.submit(request, prepared.route, meta, digest)
         return _state(job_id, await self.store.get(job_id))
 
-    async def get(self, job_id: str, wait_s: float = 0.0) -> JobState | InferOutcome | JobResponses:
-        """The job's state, or its outcome once done (waiting up to `wait_s` for it): a
-        decoupled model's responses, or the one result; a failed job raises its error."""
-        job = await self.store.get(job_id, min(wait_s, MAX_WAIT_S))
+    async def get(
+        self, job_id: str, wait_s: float = 0.0, gone: asyncio.Future[None] | None = None
+    ) -> JobState | InferOutcome | JobResponses:
+        """The job's state, or its outcome once done (waiting up to `wait_s` for it, while
+        its client is there): a decoupled model's responses, or the one result; a failed job
+        raises its error."""
+        job = await self.store.get(job_id, min(wait_s, MAX_WAIT_S), gone=gone)
         if job is None:
             raise JobNotFound(f"job '{job_id}' is unknown or expired")
         if job.result is None:

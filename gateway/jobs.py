@@ -3,12 +3,13 @@
 A job is one Redis stream, `sluice:{job:<id>}`, created with a metadata entry and a TTL. The
 request goes to the model's queue like any other, with that stream as its reply route, so
 workers need nothing new: they append the result entry. Reading the job is an XRANGE;
-waiting for it is an XREAD that blocks on the stream, which any number of waiters can do. A
+waiting for it waits for its announcement (gateway/job_watch.py), then reads it again. A
 decoupled model's job gets one entry per response; it is done with the final one.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 import uuid
@@ -18,6 +19,7 @@ from typing import Any, cast
 import msgpack
 import redis.asyncio as aioredis
 from redis.typing import EncodableT, FieldT
+from sluice.gateway.job_watch import JobWatch
 from sluice.gateway.outage import RETRY_AFTER_S
 from sluice.gateway.outbox import Route
 from sluice.gateway.response_order import ResponseOrder
@@ -96,10 +98,10 @@ def read_job(job_id: str, entries: Entries) -> Job | None:
 
 class JobStore:
     def __init__(
-        self, redis: aioredis.Redis, waiter: aioredis.Redis, ttl_s: int, max_jobs: int = MAX_JOBS
+        self, redis: aioredis.Redis, watch: JobWatch, ttl_s: int, max_jobs: int = MAX_JOBS
     ) -> None:
         self.redis = redis
-        self.waiter = waiter
+        self.watch = watch
         self.ttl_s = ttl_s
         #: jobs kept fleet-wide at most (0: no limit), each until its TTL ends.
         self.max_jobs = max_jobs
@@ -159,24 +161,39 @@ class JobStore:
             await self.redis.zrem(keys.JOBS_KEPT, job_id)
 
     async def get(
-        self, job_id: str, wait_s: float = 0.0, more_than: int | None = None
+        self,
+        job_id: str,
+        wait_s: float = 0.0,
+        more_than: int | None = None,
+        gone: asyncio.Future[None] | None = None,
     ) -> Job | None:
         """The job; with `wait_s`, waits that long for it to end, or (`more_than` given) for
-        more than that many responses of a decoupled model."""
-        stream = keys.job_stream(job_id)
+        more than that many responses of a decoupled model, woken by the gateway's one
+        subscription to job events (gateway/job_watch.py); no longer once `gone` resolves
+        (its client left)."""
+        if wait_s <= 0:
+            return await self._read(job_id)
         deadline = time.monotonic() + wait_s
-        try:
+        with self.watch.watching(job_id, gone) as changed:
             while True:
-                entries = cast(Entries, await self.redis.xrange(stream))
-                job = read_job(job_id, entries)
-                left_ms = int((deadline - time.monotonic()) * 1000)
-                if job is None or job.result is not None or left_ms <= 0:
+                changed.clear()
+                job = await self._read(job_id)
+                left_s = deadline - time.monotonic()
+                if job is None or job.result is not None or left_s <= 0:
+                    return job
+                if gone is not None and gone.done():
                     return job
                 if more_than is not None and len(job.responses) > more_than:
                     return job
-                await self.waiter.xread({stream: entries[-1][0]}, block=left_ms)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), left_s)
+
+    async def _read(self, job_id: str) -> Job | None:
+        try:
+            entries = cast(Entries, await self.redis.xrange(keys.job_stream(job_id)))
         except REDIS_ERRORS as exc:
             raise Unavailable(f"queue unavailable: {exc}", RETRY_AFTER_S) from None
+        return read_job(job_id, entries)
 
     async def cancel(self, job_id: str) -> int:
         """1: cancelled; 0: already finished; -1: unknown."""

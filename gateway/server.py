@@ -21,6 +21,7 @@ from sluice.gateway.core import GatewayCore, GatewayLimits
 from sluice.gateway.dispatcher import DEFAULT_MAX_HELD_RESPONSE_BYTES, Dispatcher
 from sluice.gateway.grpc_options import GrpcOptions
 from sluice.gateway.job_operations import JobOperations
+from sluice.gateway.job_watch import JobWatch
 from sluice.gateway.jobs import JobStore
 from sluice.gateway.metrics import MetricsApp
 from sluice.gateway.model_table import ModelTable, no_versions
@@ -97,7 +98,8 @@ async def serve_gateway(
     for client in (redis, reader, waiter):  # before the tasks and requests share them
         await initialized(client)
     limits = config.limits
-    jobs = JobStore(redis, waiter, limits.job_ttl_s, limits.max_jobs)
+    watch = JobWatch(waiter)
+    jobs = JobStore(redis, watch, limits.job_ttl_s, limits.max_jobs)
     bulk = BulkApi(config.redis_url, limits.max_body_bytes, limits.max_bulk_jobs)
     core = GatewayCore(dispatcher, table, config.limits, bulk)
     app = GatewayApp(core, JobOperations(core, jobs), config.limits)
@@ -107,6 +109,7 @@ async def serve_gateway(
     stop = stop or _stop_on_signal(config.graceful_shutdown_s, http)
     supervisor = Supervisor()
     start_background(dispatcher, table, supervisor)
+    supervisor.start("job-events", watch.run)
     background: list[asyncio.Task[None]] = []
     grpc_port = _grpc_port(core, config, streams)
     settle_after_startup()

@@ -15,7 +15,7 @@ import asyncio
 import collections
 import logging
 import select
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from urllib.parse import unquote
 
 import httptools
@@ -340,7 +340,8 @@ class _Connection(asyncio.Protocol):
         try:
             if head_only:
                 return
-            async for chunk in response.stream:
+            chunks = aiter(response.stream)
+            while (chunk := await self._next_chunk(chunks)) is not None:
                 if self.transport.is_closing():
                     break
                 self.transport.write(chunk)
@@ -348,6 +349,20 @@ class _Connection(asyncio.Protocol):
                     await self.writable
         finally:
             self.transport.close()
+
+    async def _next_chunk(self, chunks: AsyncIterator[bytes]) -> bytes | None:
+        """The stream's next chunk; None at its end, or once the client is gone: what the
+        stream waits on (a job's events, a model's responses) is then let go at once rather
+        than when its next chunk comes."""
+        pull = asyncio.ensure_future(anext(chunks, None))
+        await asyncio.wait((pull, self.disconnected), return_when=asyncio.FIRST_COMPLETED)
+        if pull.done():
+            return pull.result()
+        pull.cancel()
+        await asyncio.wait((pull,))
+        if not pull.cancelled():
+            pull.exception()  # the stream failed as it was left: nobody reads it now
+        return None
 
     def _refuse(self, response: HttpResponse) -> None:
         """Answer and close, reading and dropping for a while what the client still sends, so
