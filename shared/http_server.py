@@ -309,6 +309,8 @@ class _Connection(asyncio.Protocol):
                 if not keep_alive:
                     self.transport.close()
                     return
+                if self.writable is not None:  # the next answer waits until the client reads
+                    await self.writable
                 if len(self.queue) < MAX_PIPELINED:
                     self.transport.resume_reading()
         finally:
