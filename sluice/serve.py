@@ -63,6 +63,8 @@ class WorkerPool:
     def __init__(self, count: int, argv: list[str], env: dict[str, str]) -> None:
         self.count = count
         self.argv = argv
+        #: for the log: `worker`, `jobs worker`
+        self.name = " ".join(argv[len(SLUICE) :])
         self.env = env
         self.processes: dict[int, asyncio.subprocess.Process] = {}
         self.stopping = False
@@ -81,7 +83,7 @@ class WorkerPool:
             if self.stopping:
                 return
             log.warning(
-                "%s %d (pid %d) exited with %s; restarting", self.argv[3], slot, process.pid, code
+                "%s %d (pid %d) exited with %s; restarting", self.name, slot, process.pid, code
             )
             await asyncio.sleep(RESTART_DELAY_S)
 
@@ -108,7 +110,7 @@ class WorkerPool:
             try:
                 await asyncio.wait_for(process.wait(), max(0.0, kill_at - loop.time()))
             except TimeoutError:
-                log.warning("%s (pid %d) still draining: SIGKILL", self.argv[3], process.pid)
+                log.warning("%s (pid %d) still draining: SIGKILL", self.name, process.pid)
                 process.kill()
                 await process.wait()
         for task in self._tasks:
@@ -145,7 +147,7 @@ async def _serve(settings: ServeSettings, gateway: GatewayConfig) -> None:
     deadline = DrainDeadline(
         drain_s + 2 * KILL_MARGIN_S,
         "sluice serve",
-        lambda: ", ".join(f"{p.argv[3]} pid {pid}" for p in pools for pid in p.running()),
+        lambda: ", ".join(f"{p.name} pid {pid}" for p in pools for pid in p.running()),
         kill_children,
     )
 
