@@ -4,10 +4,12 @@ the gateway's own event loop, beside the HTTP server."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from sluice.gateway.core import GatewayCore, GatewayLimits
 from sluice.gateway.grpc_app import InferenceServicer
 from sluice.gateway.grpc_health import health_handler
@@ -39,15 +41,48 @@ HANDLER_KINDS = {
 
 def service_handlers(servicer: InferenceServicer) -> dict[str, Any]:
     """The service's method handlers, from its descriptor: each RPC to the servicer's method
-    of that name, with its messages' parser and serializer."""
-    return {
-        method.name: HANDLER_KINDS[method.client_streaming, method.server_streaming](
-            getattr(servicer, method.name),
-            request_deserializer=getattr(pb, method.input_type.name).FromString,
+    of that name, with its messages' parser and serializer. A unary request whose bytes are
+    not its message is refused with INVALID_ARGUMENT (grpcio would answer UNKNOWN)."""
+    handlers = {}
+    for method in SERVICE.methods:
+        behavior = getattr(servicer, method.name)
+        parse = getattr(pb, method.input_type.name).FromString
+        if not method.client_streaming:
+            behavior, parse = _refusing_undecodable(behavior), _decoder(parse)
+        handlers[method.name] = HANDLER_KINDS[method.client_streaming, method.server_streaming](
+            behavior,
+            request_deserializer=parse,
             response_serializer=getattr(pb, method.output_type.name).SerializeToString,
         )
-        for method in SERVICE.methods
-    }
+    return handlers
+
+
+@dataclass(frozen=True, slots=True)
+class Undecodable:
+    """Request bytes that do not parse as the RPC's message, and why."""
+
+    error: str
+
+
+def _decoder(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def decode(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except DecodeError as exc:
+            return Undecodable(f"the request is not a valid message of its RPC: {exc}")
+
+    return decode
+
+
+def _refusing_undecodable(
+    behavior: Callable[[Any, Any], Awaitable[Any]],
+) -> Callable[[Any, Any], Awaitable[Any]]:
+    async def call(request: Any, context: Any) -> Any:
+        if isinstance(request, Undecodable):
+            await context.abort(Status.INVALID_ARGUMENT, request.error)
+        return await behavior(request, context)
+
+    return call
 
 
 class RestrictedProtocols(grpc.aio.ServerInterceptor):  # type: ignore[misc]
