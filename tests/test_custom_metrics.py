@@ -4,18 +4,25 @@ error texts in a worker, the per-model caps, and the gateway's fleet-wide famili
 from __future__ import annotations
 
 import gc
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from prometheus_client.parser import text_string_to_metric_families
 from sluice.gateway.custom_families import custom_families
 from sluice.gateway.triton_exposition import write
 from sluice.shared.custom_metrics import INFO_KEY, MAX_FAMILIES_PER_MODEL, MAX_SERIES_PER_MODEL
+from sluice.shared.model_config import load_model_config
 from sluice.shared.registry import Member
+from sluice.workers.backends import close_instance, complete_config, load_instance
 from sluice.workers.python_backend import pb_utils
 from sluice.workers.python_backend.custom_metrics import REGISTRY, Registry
+from sluice.workers.python_backend.instance import TritonInstance
+
+from tests.conftest import HERE
 
 MetricFamily = pb_utils.MetricFamily
 TritonModelException = pb_utils.TritonModelException
@@ -208,3 +215,19 @@ def test_the_fleet_adds_counters_and_histograms_up_and_keeps_the_last_gauge() ->
     assert "nv_inference_count" not in text and "c2" not in text
     parsed = {f.name: f for f in text_string_to_metric_families(text)}
     assert parsed["h"].type == "histogram"
+
+
+def test_an_instances_families_go_when_it_closes(tmp_path: Path) -> None:
+    """As a Triton stub process ends on unload: even while something still holds the model
+    object, its families leave the worker's metrics when its instance closes."""
+    model_dir = tmp_path / "custom_metrics"
+    shutil.copytree(HERE / "triton_python_repo" / "custom_metrics", model_dir)
+    spec = load_model_config(model_dir, complete=complete_config)
+    instance = load_instance(spec, model_dir, 1, torch.device("cpu"))
+    assert isinstance(instance, TritonInstance)
+    held = instance.model
+    assert _reported("test_rows_total") is not None
+    close_instance(instance)
+    assert _reported("test_rows_total") is None
+    with pytest.raises(TritonModelException, match="'MetricFamily' has been deleted"):
+        held.rows.increment(1)

@@ -5,6 +5,8 @@ its model from here."""
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 #: the version directory of the model whose code runs (set around its import, initialize,
@@ -16,3 +18,25 @@ def current_model() -> str:
     """The running model's name; "" outside its calls (e.g. a thread of its own)."""
     current = model_dir.get()
     return current.parent.name if current is not None else ""
+
+
+class Instance:
+    """Stands for one model instance while its code runs: the metric families it creates go
+    with it (custom_metrics.release), as they go with a Triton stub process."""
+
+    __slots__ = ("__weakref__",)
+
+
+#: the instance whose code runs.
+instance: contextvars.ContextVar[Instance | None] = contextvars.ContextVar("instance", default=None)
+
+
+@contextmanager
+def running(version_dir: Path, owner: Instance) -> Iterator[None]:
+    """Around a model instance's code: its version directory and the instance itself."""
+    directory, running_instance = model_dir.set(version_dir), instance.set(owner)
+    try:
+        yield
+    finally:
+        instance.reset(running_instance)
+        model_dir.reset(directory)

@@ -20,6 +20,7 @@ import math
 import re
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -31,7 +32,7 @@ from sluice.shared.custom_metrics import (
     RESERVED_PREFIXES,
     Kind,
 )
-from sluice.workers.python_backend.context import current_model
+from sluice.workers.python_backend.context import Instance, current_model, instance
 from sluice.workers.python_backend.errors import TritonModelException
 
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
@@ -218,6 +219,10 @@ class MetricFamily:
         self._state = REGISTRY.family(name, kind, description, current_model())
         self._keys: list[LabelKey] = []
         self._liveness = _Liveness()  # last: a family whose constructor raised has none
+        owner = instance.get()
+        if owner is not None:
+            with _owned_lock:
+                _owned.setdefault(owner, weakref.WeakSet()).add(self)
 
     def Metric(
         self, labels: dict[str, str] | None = None, buckets: list[float] | None = None
@@ -246,11 +251,30 @@ class MetricFamily:
         return Metric(self._state, key, self._liveness)
 
     def __del__(self) -> None:
+        self._drop()
+
+    def _drop(self) -> None:
         liveness = getattr(self, "_liveness", None)
         if liveness is None or not liveness.alive:
-            return  # never made (its constructor raised)
+            return  # never made (its constructor raised), or dropped already
         liveness.alive = False
         REGISTRY.drop_family(self._state, self._keys)
+
+
+#: the families each instance created.
+_owned: weakref.WeakKeyDictionary[Instance, weakref.WeakSet[MetricFamily]] = (
+    weakref.WeakKeyDictionary()
+)
+_owned_lock = threading.Lock()
+
+
+def release(owner: Instance) -> None:
+    """An instance goes (an unload, a failed initialize): the families it created go with
+    it, even while its model object is still referenced, as a Triton stub process ends."""
+    with _owned_lock:
+        families = list(_owned.pop(owner, ()))
+    for family in families:
+        family._drop()
 
 
 def _checked_labels(labels: dict[Any, Any]) -> dict[str, str]:

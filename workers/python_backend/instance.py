@@ -31,9 +31,10 @@ from typing import TYPE_CHECKING, Any
 from sluice.shared.errors import ModelExecutionError, SluiceError
 from sluice.shared.protocol import Request
 from sluice.shared.protocol import Tensor as WireTensor
+from sluice.workers.python_backend.context import Instance, running
+from sluice.workers.python_backend.custom_metrics import release as release_metrics
 from sluice.workers.python_backend.errors import to_sluice
 from sluice.workers.python_backend.messages import InferenceRequest, InferenceResponse
-from sluice.workers.python_backend.pb_utils import model_dir
 from sluice.workers.python_backend.sender import InferenceResponseSender
 from sluice.workers.python_backend.tensors import to_wire
 
@@ -57,9 +58,16 @@ class TritonInstance:
     """The model object of one instance, with what answering its requests needs."""
 
     def __init__(
-        self, name: str, model: Any, version_dir: Path, output_types: dict[str, str]
+        self,
+        name: str,
+        model: Any,
+        version_dir: Path,
+        output_types: dict[str, str],
+        owner: Instance | None = None,
     ) -> None:
         self.name = name
+        #: what the model's code ran as (context.instance), from its initialize on.
+        self.owner = owner if owner is not None else Instance()
         self.model = model
         self.version_dir = version_dir
         #: output name -> wire datatype, from the config (what the client is told).
@@ -74,27 +82,27 @@ class TritonInstance:
     def run(self, requests: Sequence[Request], stacked: Callable[[], None]) -> list[Answer]:
         """Answer each of `requests`; `stacked` is called once they are handed over as
         InferenceRequests, just before `execute`. Never raises for the model's faults."""
-        token = model_dir.set(self.version_dir)
-        try:
+        with running(self.version_dir, self.owner):
             try:
-                pb_requests = [
-                    InferenceRequest.from_request(r, self._all_outputs, self._sender(r))
-                    for r in requests
-                ]
-            finally:
-                stacked()
-            if self.responses is not None:
-                self._execute_decoupled(requests, pb_requests)
-                return [[] for _ in requests]  # answered through their senders
-            responses = self._execute(pb_requests)
-        except Exception as exc:  # the model's code, or its return: the call's requests fail
-            log.warning("model '%s': execute failed", self.name, exc_info=True)
-            error = self._failure(
-                f"{type(exc).__name__}: {exc}" if not isinstance(exc, ContractError) else str(exc)
-            )
-            return [error for _ in requests]
-        finally:
-            model_dir.reset(token)
+                try:
+                    pb_requests = [
+                        InferenceRequest.from_request(r, self._all_outputs, self._sender(r))
+                        for r in requests
+                    ]
+                finally:
+                    stacked()
+                if self.responses is not None:
+                    self._execute_decoupled(requests, pb_requests)
+                    return [[] for _ in requests]  # answered through their senders
+                responses = self._execute(pb_requests)
+            except Exception as exc:  # the model's code, or its return: the call's requests fail
+                log.warning("model '%s': execute failed", self.name, exc_info=True)
+                error = self._failure(
+                    f"{type(exc).__name__}: {exc}"
+                    if not isinstance(exc, ContractError)
+                    else str(exc)
+                )
+                return [error for _ in requests]
         return [self._answer(r, response) for r, response in zip(requests, responses, strict=True)]
 
     def server_request(self, request: Request) -> InferenceRequest:
@@ -207,14 +215,14 @@ class TritonInstance:
             return
         self._closed = True
         finalize = getattr(self.model, "finalize", None)
-        token = model_dir.set(self.version_dir)
         try:
             if finalize is not None:
-                finalize()
+                with running(self.version_dir, self.owner):
+                    finalize()
         except Exception:  # the model's code: reported, and the instance goes anyway
             log.exception("model '%s': finalize failed", self.name)
         finally:
-            model_dir.reset(token)
+            release_metrics(self.owner)
             if self._loop is not None and self._loop_thread is not None:
                 self._loop.call_soon_threadsafe(self._loop.stop)
                 self._loop_thread.join(LOOP_STOP_TIMEOUT_S)

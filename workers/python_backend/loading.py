@@ -26,6 +26,8 @@ from sluice.shared.errors import ModelConfigError
 from sluice.shared.model_config import ModelSpec, triton_config_json
 from sluice.workers.placement import Slot, instance_slots
 from sluice.workers.python_backend import pb_utils
+from sluice.workers.python_backend.context import Instance, running
+from sluice.workers.python_backend.custom_metrics import release as release_metrics
 from sluice.workers.python_backend.instance import TritonInstance
 from sluice.workers.python_backend.model_config import ModelConfig
 from tritonclient.grpc.model_config_pb2 import ModelConfig as ModelConfigProto
@@ -107,20 +109,20 @@ def triton_instance(
 ) -> TritonInstance:
     """Build and initialize the model object of instance `index` (ModelConfigError if not)."""
     args = initialize_args(spec, model_dir, version, device, index)
-    token = pb_utils.model_dir.set(path.parent)
+    owner = Instance()
     try:
-        model = model_class()
-        initialize = getattr(model, "initialize", None)
-        if initialize is not None:
-            initialize(args)
+        with running(path.parent, owner):
+            model = model_class()
+            initialize = getattr(model, "initialize", None)
+            if initialize is not None:
+                initialize(args)
     except Exception as exc:  # user code
+        release_metrics(owner)
         raise ModelConfigError(
             f"{path}: {TRITON_CLASS}.initialize failed: {type(exc).__name__}: {exc}"
         ) from exc
-    finally:
-        pb_utils.model_dir.reset(token)
     output_types = {o.name: o.datatype for o in spec.outputs}
-    return TritonInstance(spec.name, model, path.parent, output_types)
+    return TritonInstance(spec.name, model, path.parent, output_types, owner)
 
 
 def complete_config(config: ModelConfigProto, model_dir: Path) -> None:
