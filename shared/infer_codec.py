@@ -25,6 +25,9 @@ from sluice.shared.protocol import Buffer, Tensor
 from sluice.shared.signature import Signature
 
 HEADER_LENGTH = "inference-header-content-length"
+#: Triton 2.51's texts for a body without `inputs`, and for `data` that does not fill its shape
+MISSING_INPUTS = "Unable to parse 'inputs': attempt to access non-existing object member 'inputs'"
+DATA_SHAPE_MISMATCH = "Unable to parse 'data': Shape does not match true shape of 'data' field"
 
 
 @dataclass(slots=True)
@@ -77,13 +80,15 @@ def parse_infer(body: bytes, header_length: int | None, sig: Signature) -> Parse
     try:
         header = orjson.loads(memoryview(body)[:json_end])
     except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"malformed JSON in request body: {exc}") from None
+        raise InvalidInput(f"failed to parse the request JSON buffer: {exc}") from None
     if not isinstance(header, dict):
         raise InvalidInput("request body must be a JSON object")
     params = header.get("parameters") or {}
     if not isinstance(params, dict):
         raise InvalidInput("'parameters' must be an object")
-    raw_inputs = header.get("inputs")
+    if "inputs" not in header:
+        raise InvalidInput(MISSING_INPUTS)
+    raw_inputs = header["inputs"]
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise InvalidInput("'inputs' must be a non-empty list")
     binary = memoryview(body)[json_end:]
@@ -138,7 +143,7 @@ def _input(item: Any, index: int, binary: memoryview, used: int) -> tuple[Tensor
     where = f"input '{name}'"
     datatype = item.get("datatype")
     if not isinstance(datatype, str) or datatype not in ELEMENT_SIZE:
-        raise InvalidInput(f"{where}: unknown datatype {datatype!r}")
+        raise InvalidInput(f"invalid datatype for input {name}")
     shape = _shape(item, where)
     params = item.get("parameters") or {}
     size = params.get("binary_data_size") if isinstance(params, dict) else None
@@ -198,7 +203,7 @@ def json_data(data: Any, datatype: str, shape: tuple[int, ...], where: str) -> b
     when they do not fit `shape` or `datatype`."""
     flat = _flatten(data)
     if len(flat) != element_count(shape):
-        raise InvalidInput(f"{where}: {len(flat)} values in 'data' for shape {list(shape)}")
+        raise InvalidInput(DATA_SHAPE_MISMATCH)
     if datatype == "BYTES":
         if not all(isinstance(v, str | bytes) for v in flat):
             raise InvalidInput(f"{where}: BYTES 'data' must hold strings")

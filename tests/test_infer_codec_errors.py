@@ -33,7 +33,7 @@ def expect_invalid(
     ("header", "match"),
     [
         ([], "JSON object"),
-        ({}, "'inputs' must be a non-empty list"),
+        ({}, "Unable to parse 'inputs': attempt to access non-existing object member 'inputs'"),
         ({"inputs": []}, "'inputs' must be a non-empty list"),
         ({"inputs": {"name": "IN"}}, "'inputs' must be a non-empty list"),
         ({"inputs": ["IN"]}, r"inputs\[0\]: must be an object with a string 'name'"),
@@ -41,15 +41,15 @@ def expect_invalid(
         ({"parameters": [1], "inputs": [fp32_input([1, 4], FOUR)]}, "'parameters'"),
         (
             {"inputs": [{"name": "IN", "datatype": "FP128", "shape": [1, 4], "data": FOUR}]},
-            "input 'IN': unknown datatype 'FP128'",
+            "invalid datatype for input IN",
         ),
         (
             {"inputs": [{"name": "IN", "datatype": "TYPE_FP32", "shape": [1, 4], "data": FOUR}]},
-            "input 'IN': unknown datatype 'TYPE_FP32'",
+            "invalid datatype for input IN",
         ),
         (
             {"inputs": [{"name": "IN", "datatype": [], "shape": [1, 4], "data": FOUR}]},
-            r"input 'IN': unknown datatype \[\]",
+            "invalid datatype for input IN",
         ),
         ({"inputs": [fp32_input("1,4", FOUR)]}, "input 'IN': 'shape'"),
         ({"inputs": [fp32_input([1, -4], FOUR)]}, "input 'IN': 'shape'"),
@@ -57,9 +57,9 @@ def expect_invalid(
         ({"inputs": [{"name": "IN", "datatype": "FP32", "data": FOUR}]}, "input 'IN': 'shape'"),
         (
             {"inputs": [fp32_input([1, 4], [1, 2, 3])]},
-            r"input 'IN': 3 values in 'data' for shape \[1, 4\]",
+            "Unable to parse 'data': Shape does not match true shape of 'data' field",
         ),
-        ({"inputs": [fp32_input([2, 4], [FOUR])]}, "input 'IN': 4 values"),
+        ({"inputs": [fp32_input([2, 4], [FOUR])]}, "Shape does not match true shape"),
         (
             {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 4]}]},
             "input 'IN': has neither 'data' nor 'binary_data_size'",
@@ -101,16 +101,19 @@ def test_json_errors_name_the_field(header: Any, match: str) -> None:
     expect_invalid(json_body(header), None, match)
 
 
+BAD_JSON = "failed to parse the request JSON buffer: "  # Triton's text
+
+
 def test_malformed_json() -> None:
-    expect_invalid(b'{"inputs": [', None, "malformed JSON")
-    expect_invalid(b"\xff\xfe", None, "malformed JSON")
-    expect_invalid(b"", None, "malformed JSON")
-    expect_invalid(b'{"inputs": [{"name": "IN", "data": [NaN]}]}', None, "malformed JSON")
+    expect_invalid(b'{"inputs": [', None, BAD_JSON)
+    expect_invalid(b"\xff\xfe", None, BAD_JSON)
+    expect_invalid(b"", None, BAD_JSON)
+    expect_invalid(b'{"inputs": [{"name": "IN", "data": [NaN]}]}', None, BAD_JSON)
 
 
 def test_malformed_json_header_in_binary_body() -> None:
     body = b'{"inputs": [}' + b"\0" * 16
-    expect_invalid(body, 13, "malformed JSON")
+    expect_invalid(body, 13, BAD_JSON)
 
 
 FP32_ROW = np.array([[1, 2, 3, 4]], dtype="<f4").tobytes()
