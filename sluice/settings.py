@@ -246,13 +246,6 @@ class GatewayOptions(ProcessSettings, IdlePolling, ModelControl):
         "0: no limit.",
         check=at_least(0),
     )
-    max_override_models: int = option(
-        64,
-        help="Models loaded from a load's 'file:' overrides that the fleet holds at once (their "
-        "files are kept in Redis until the model is unloaded); one more is refused with 400. "
-        "0: no limit.",
-        check=at_least(0),
-    )
     job_ttl_s: int = option(
         3600,
         help="Seconds an asynchronous job and its result are kept (POST .../jobs).",
