@@ -40,6 +40,8 @@ class JobWatch:
         self._max_waiters = max_waiters
         self._waiters: defaultdict[str, set[asyncio.Event]] = defaultdict(set)
         self.count = 0
+        #: set while the subscription is on (announcements reach the waiters).
+        self.listening = asyncio.Event()
 
     @contextmanager
     def watching(
@@ -83,6 +85,7 @@ class JobWatch:
             except REDIS_ERRORS as exc:
                 log.warning("job events subscription lost (%s); resubscribing", exc)
             finally:
+                self.listening.clear()
                 await pubsub.aclose()
             self._wake_all()  # what was announced meanwhile is read again
             await asyncio.sleep(backoff)
@@ -90,6 +93,7 @@ class JobWatch:
 
     def _hear(self, message: dict[str, Any]) -> None:
         if message["type"] == "psubscribe":  # (re)subscribed: look again at every job
+            self.listening.set()
             self._wake_all()
             return
         if message["type"] != "pmessage":

@@ -33,18 +33,11 @@ async def redis(redis_server: EmbeddedRedis) -> AsyncIterator[Any]:
 @pytest.fixture
 async def watch(redis: Any) -> AsyncIterator[JobWatch]:
     own = JobWatch(redis, max_waiters=2)
-    before = await subscribers(redis)
     task = asyncio.create_task(own.run())
-    while await subscribers(redis) == before:  # Redis's state: the subscription is on
-        await asyncio.sleep(0.01)
+    await own.listening.wait()
     yield own
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
-
-
-async def subscribers(redis: Any) -> int:
-    """Clients subscribed to a pattern (a gateway sharing this Redis has its own)."""
-    return sum(1 for client in await redis.client_list() if int(client["psub"]))
 
 
 async def queued_job(redis: Any) -> str:
