@@ -71,7 +71,7 @@ def http_error(exc: Exception, request: HttpRequest) -> HttpResponse:
 def infer_response(outcome: InferOutcome) -> HttpResponse:
     """The infer response, binary or JSON as the request asked."""
     body_parts, json_length = encode_response(
-        outcome.model, outcome.version, outcome.request, outcome.outputs
+        outcome.model, outcome.version, outcome.request, outcome.outputs, outcome.parameters
     )
     if json_length is None:
         return HttpResponse(200, body_parts, JSON)
@@ -286,9 +286,8 @@ class GatewayApp:
         return HttpResponse(200)
 
     async def _unload_model(self, request: HttpRequest, params: Params) -> HttpResponse:
-        dependents = _parameters(request).get("unload_dependents", False)
-        if not isinstance(dependents, bool):
-            raise InvalidInput("parameter 'unload_dependents' must be a boolean")
+        # Triton 2.51 unloads (200) whatever else the parameter holds: only true is true
+        dependents = _parameters(request).get("unload_dependents", False) is True
         await self.core.unload_model(params["model"], dependents)
         return HttpResponse(200)
 

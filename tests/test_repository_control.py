@@ -213,8 +213,9 @@ def test_failed_and_unknown_loads_answer_as_triton(explicit: Service) -> None:
     outside = {"parameters": {"config": config, "file:../x": "eA=="}}
     status, body = _call(explicit, "POST", load, outside)
     assert status == 400 and "'file:../x'" in body["error"]
+    # Triton 2.51 answers 200 to a parameter that is no boolean (read as false)
     unload = {"parameters": {"unload_dependents": 1}}
-    assert _call(explicit, "POST", "/v2/repository/models/affine/unload", unload)[0] == 400
+    assert _call(explicit, "POST", "/v2/repository/models/batch8/unload", unload) == (200, None)
 
 
 def test_a_failed_reload_leaves_the_model_serving(explicit: Service) -> None:
