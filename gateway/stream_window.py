@@ -49,6 +49,8 @@ class StreamWindow:
         self._requests = 0
         self._ready = asyncio.Event()
         self._space = asyncio.Event()
+        #: the stream ended: a request task not yet cancelled queues nothing more.
+        self._closed = False
 
     async def admit(self) -> None:
         """Wait for a request's slot before the stream's next request is read."""
@@ -74,6 +76,8 @@ class StreamWindow:
         self._append(REQUEST_DONE, 0)
 
     def _append(self, item: Any, size: int) -> None:
+        if self._closed:
+            return
         self._queue.append((item, size))
         self._bytes += size
         self._load.add(0, size)
@@ -99,3 +103,4 @@ class StreamWindow:
         self._load.add(-self._requests, -self._bytes)
         self._requests = self._bytes = 0
         self._queue.clear()
+        self._closed = True
