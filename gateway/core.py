@@ -38,7 +38,7 @@ from sluice.shared.fleet import fleet_status
 from sluice.shared.infer_codec import ParsedInfer, decompress, parse_infer
 from sluice.shared.jobs import MAX_BULK_JOBS, MAX_JOBS
 from sluice.shared.partitions import share
-from sluice.shared.protocol import Request, Result, Tensor
+from sluice.shared.protocol import Request, ResponseParameter, Result, Tensor
 from sluice.shared.queue_policy import DEADLINE, PRIORITY, TIMEOUT, deadline_us
 from sluice.shared.redis_client import REDIS_ERRORS
 from sluice.shared.repository_control import NOT_EXPLICIT, declare
@@ -113,6 +113,8 @@ class InferOutcome:
     version: int
     request: ParsedInfer
     outputs: Sequence[Tensor]
+    #: the response's parameters for the client, as its model set them (None: it set none).
+    parameters: dict[str, ResponseParameter] | None = None
 
 
 @dataclass(slots=True)
@@ -129,7 +131,7 @@ def outcome(model: str, version: int, request: ParsedInfer, result: Result) -> I
     """A worker's result as an outcome; the typed error it carries when it failed."""
     if result.error is not None:
         raise error_from_code(*result.error)
-    return InferOutcome(model, version, request, result.outputs)
+    return InferOutcome(model, version, request, result.outputs, result.parameters)
 
 
 class GatewayCore:
@@ -453,7 +455,7 @@ def streamed(model: str, version: int, request: ParsedInfer, result: Result) -> 
     """A worker's result (a streamed response, or an ordinary one) as a StreamedResponse."""
     error = None if result.error is None else error_from_code(*result.error)
     empty = result.seq is not None and not result.outputs and error is None
-    done = InferOutcome(model, version, request, result.outputs)
+    done = InferOutcome(model, version, request, result.outputs, result.parameters)
     return StreamedResponse(done, error, result.final, empty)
 
 

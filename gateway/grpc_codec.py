@@ -22,7 +22,7 @@ from sluice.shared.datatypes import (
 )
 from sluice.shared.errors import InvalidInput
 from sluice.shared.infer_codec import ParsedInfer
-from sluice.shared.protocol import Tensor
+from sluice.shared.protocol import ResponseParameter, Tensor
 from sluice.shared.signature import Signature
 from tritonclient.grpc import service_pb2 as pb
 
@@ -173,4 +173,16 @@ def infer_response(outcome: InferOutcome) -> Any:
     for t in outcome.outputs:
         add_output(name=t.name, datatype=t.datatype, shape=t.shape)
         raw.append(bytes(t.data))
+    for key, value in (outcome.parameters or {}).items():
+        set_parameter(response.parameters[key], value)
     return response
+
+
+def set_parameter(parameter: Any, value: ResponseParameter) -> None:
+    """An InferParameter holding `value` in the field Triton uses for its type."""
+    if isinstance(value, bool):
+        parameter.bool_param = value
+    elif isinstance(value, int):
+        parameter.int64_param = value
+    else:
+        parameter.string_param = value

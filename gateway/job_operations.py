@@ -181,7 +181,9 @@ def _response_json(job: Job, response: Result) -> dict[str, Any]:
     parsed = ParsedInfer(meta["client_id"], {}, [], meta["outputs"], binary_output=False)
     if parsed.outputs:
         parsed.outputs = dict.fromkeys(parsed.outputs, False)
-    body, _ = encode_response(meta["model"], meta["version"], parsed, response.outputs)
+    body, _ = encode_response(
+        meta["model"], meta["version"], parsed, response.outputs, response.parameters
+    )
     assert isinstance(body, bytes)
     result: dict[str, Any] = orjson.loads(body)
     return result

@@ -21,7 +21,7 @@ from sluice.shared.datatypes import (
     serialize_bytes_elements,
 )
 from sluice.shared.errors import InvalidInput, PayloadTooLarge
-from sluice.shared.protocol import Buffer, Tensor
+from sluice.shared.protocol import Buffer, ResponseParameter, Tensor
 from sluice.shared.signature import Signature
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -251,9 +251,14 @@ def json_values(tensor: Tensor) -> Any:
 
 
 def encode_response(
-    model: str, version: int, request: ParsedInfer, outputs: Sequence[Tensor]
+    model: str,
+    version: int,
+    request: ParsedInfer,
+    outputs: Sequence[Tensor],
+    parameters: Mapping[str, ResponseParameter] | None = None,
 ) -> tuple[bytes | list[Buffer], int | None]:
-    """The response body (parts to join) and its JSON header length (None: pure JSON)."""
+    """The response body (parts to join) and its JSON header length (None: pure JSON);
+    the model's response `parameters` go in its "parameters", as Triton's."""
     binaries: list[Buffer] = []
     items = []
     for tensor in outputs:
@@ -276,6 +281,8 @@ def encode_response(
     body: dict[str, Any] = {"model_name": model, "model_version": str(version), "outputs": items}
     if request.id is not None:
         body["id"] = request.id
+    if parameters:
+        body["parameters"] = parameters
     header = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
     if not binaries:
         return header, None

@@ -13,7 +13,10 @@ the client inputs later steps need after its own inputs, counted by ``sluice_car
 Reply entries mirror it: ``[SCHEMA, [[id, [[name, datatype, shape, nbytes], ...], error], ...]]``
 plus the concatenated output bytes. A response of a decoupled model's request (one of zero or
 more) appends its sequence number and final flag to its item, ``[id, tensors, error, seq,
-final]``; an ordinary request's item stays three long, so its cost is unchanged.
+final]``; an ordinary request's item stays three long, so its cost is unchanged. A response
+that carries parameters (a Triton Python model's `InferenceResponse(parameters=...)`) appends
+them as a map last: ``[id, tensors, error, params]`` or ``[id, tensors, error, seq, final,
+params]``.
 
 Tensors are never inside msgpack, so decoding is ``np.frombuffer`` over the blob: zero copies,
 and nothing read off the wire can run code.
@@ -47,6 +50,8 @@ _UNPACK_LIMITS: dict[str, Any] = {
 }
 
 Buffer = bytes | bytearray | memoryview
+#: the value of a response parameter: what Triton's responses carry (bool, int64, string).
+ResponseParameter = bool | int | str
 #: a stream entry's fields as redis-py parses them, or as RESP sends them (name, value, ...).
 Fields = dict[bytes, bytes] | list[bytes]
 
@@ -93,6 +98,8 @@ class Result:
     seq: int | None = None
     #: the last response of its request (always so for an ordinary one).
     final: bool = True
+    #: the response's parameters for its client (bool, int or str values), if it has any.
+    parameters: dict[str, ResponseParameter] | None = None
 
 
 def _tensor_headers(tensors: Iterable[Tensor], blobs: list[Buffer]) -> list[list[Any]]:
@@ -135,12 +142,14 @@ def _parameters(request: Request) -> dict[str, Any]:
 def encode_results(results: Sequence[Result]) -> dict[str, bytes]:
     """Fields of one reply entry carrying `results` for a single gateway."""
     blobs: list[Buffer] = []
-    items = [
-        [r.id, _tensor_headers(r.outputs, blobs), r.error]
-        if r.seq is None
-        else [r.id, _tensor_headers(r.outputs, blobs), r.error, r.seq, r.final]
-        for r in results
-    ]
+    items = []
+    for r in results:
+        item: list[Any] = [r.id, _tensor_headers(r.outputs, blobs), r.error]
+        if r.seq is not None:
+            item += [r.seq, r.final]
+        if r.parameters:
+            item.append(r.parameters)
+        items.append(item)
     return {"h": msgpack.packb([SCHEMA, items]), "d": b"".join(blobs)}
 
 
@@ -249,6 +258,7 @@ def decode_results(fields: Fields) -> list[Result]:
     for item in items:
         if not (isinstance(item, list) and isinstance(item[0] if item else None, str)):
             raise ProtocolError("malformed result header")
+        parameters = _response_parameters(item.pop()) if len(item) in (4, 6) else None
         streamed = len(item) == 5
         if streamed:
             rid, heads, error, seq, final = item
@@ -265,9 +275,20 @@ def decode_results(fields: Fields) -> list[Result]:
         outputs, offset = _cut_tensors(heads, blob, offset)
         failure = (error[0], error[1]) if error else None
         results.append(
-            Result(rid, outputs, failure, seq, final) if streamed else Result(rid, outputs, failure)
+            Result(rid, outputs, failure, seq, final, parameters)
+            if streamed
+            else Result(rid, outputs, failure, parameters=parameters)
         )
     return results
+
+
+def _response_parameters(value: Any) -> dict[str, ResponseParameter]:
+    if not (
+        isinstance(value, dict)
+        and all(isinstance(k, str) and isinstance(v, bool | int | str) for k, v in value.items())
+    ):
+        raise ProtocolError("response parameters must map names to bool, int or str")
+    return value
 
 
 def job_event(job_id: str, status: str) -> bytes:

@@ -475,3 +475,27 @@ def test_streamed_responses_carry_their_number_and_final_flag() -> None:
 def test_a_malformed_sequence_number_or_final_flag_is_refused(tail: list[Any]) -> None:
     with pytest.raises(ProtocolError, match="sequence number"):
         decode_results(raw_entry([["r", [], None, *tail]]))
+
+
+def test_response_parameters_follow_an_items_fields_and_keep_their_types() -> None:
+    """A Triton Python model's response parameters ride last on their item; a result
+    without any keeps its item as it was."""
+    params: dict[str, bool | int | str] = {"flag": True, "n": -3, "text": "é"}
+    results = [
+        Result("plain", [], parameters=params),
+        Result("s", [], None, 0, False, params),
+        Result("bare", []),
+    ]
+    fields = as_redis(encode_results(results))
+    assert [len(item) for item in msgpack.unpackb(fields[b"h"])[1]] == [4, 6, 3]
+    decoded = decode_results(fields)
+    assert [(r.parameters, r.seq) for r in decoded] == [(params, None), (params, 0), (None, None)]
+    assert type(decoded[0].parameters["flag"]) is bool  # type: ignore[index]
+
+
+@pytest.mark.parametrize("params", [[1], {"x": 1.5}, {"x": None}, {"x": [1]}])
+def test_response_parameters_that_are_not_names_to_bool_int_or_str_are_refused(
+    params: Any,
+) -> None:
+    with pytest.raises(ProtocolError, match="response parameters"):
+        decode_results(raw_entry([["r", [], None, params]]))

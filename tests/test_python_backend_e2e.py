@@ -325,6 +325,36 @@ def test_custom_parameters_and_requested_outputs_reach_the_model(
     assert result.as_numpy("CORRELATION").tolist() == [42]
 
 
+def test_response_parameters_reach_the_client_typed_over_http_and_grpc(
+    client: httpclient.InferenceServerClient, service: Service
+) -> None:
+    """`InferenceResponse(..., parameters={...})`: in the JSON response's "parameters" and
+    in ModelInferResponse.parameters (a stream's responses too), bool, int and str kept."""
+    one = [_input("IN", np.array([1], np.int32), "INT32")]
+    result = client.infer("params", one, sequence_id=7)
+    assert result.get_response()["parameters"] == {
+        "outputs": 3,
+        "in_sequence": True,
+        "model": "params",
+    }
+    tensor = grpcclient.InferInput("IN", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([1], np.int32))
+    wanted = [grpcclient.InferRequestedOutput("REQUESTED")]
+    streamed: queue.Queue[object] = queue.Queue()
+    with grpcclient.InferenceServerClient(service.grpc_url) as grpc:
+        answer = grpc.infer("params", [tensor], outputs=wanted).get_response()
+        grpc.start_stream(lambda result, error: streamed.put(error or result))
+        grpc.async_stream_infer("params", [tensor], outputs=wanted)
+        sent = streamed.get(timeout=60)
+        grpc.stop_stream()
+    for params in (answer.parameters, sent.get_response().parameters):  # type: ignore[union-attr]
+        assert params["outputs"].WhichOneof("parameter_choice") == "int64_param"
+        assert params["outputs"].int64_param == 1
+        assert params["in_sequence"].WhichOneof("parameter_choice") == "bool_param"
+        assert params["in_sequence"].bool_param is False
+        assert params["model"].string_param == "params"
+
+
 def test_a_decoupled_model_is_served_and_http_infer_refuses_it(
     client: httpclient.InferenceServerClient,
 ) -> None:

@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,7 +19,7 @@ from sluice.gateway.core import _forwarded
 from sluice.gateway.model_table import ModelView
 from sluice.shared.errors import error_from_code
 from sluice.shared.model_config import ModelSpec, load_model_config
-from sluice.shared.protocol import Request, Tensor
+from sluice.shared.protocol import Request, Result, Tensor
 from sluice.shared.stats import BatchStats
 from sluice.workers.backends import load_instance
 from sluice.workers.instances import Instances
@@ -25,6 +27,7 @@ from sluice.workers.python_backend import pb_utils
 from sluice.workers.python_backend.errors import from_sluice_code, to_sluice
 from sluice.workers.python_backend.instance import TritonInstance
 from sluice.workers.python_backend.loading import complete_config, initialize_args
+from sluice.workers.python_backend.messages import response_from_result
 from sluice.workers.python_backend.tensors import to_wire
 
 from tests.streams import int_model_config, int_request, write_python_model
@@ -130,6 +133,28 @@ def test_responses_and_errors() -> None:
     assert failed.error().message() == "bad"
     with pytest.raises(pb_utils.TritonModelException, match="Tensor"):
         pb_utils.InferenceResponse(output_tensors=[np.zeros(2)])
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"x": 1.5}, "values to have type bool/int/str, found type <class 'float'>"),
+        ({1: "x"}, "keys to have type str, found type <class 'int'>"),
+        ('["x"]', "not a JSON object"),
+    ],
+)
+def test_parameters_hold_what_triton_parameters_hold(params: Any, message: str) -> None:
+    """bool, int and str values under str keys (Triton's messages), as a dict or its JSON."""
+    for made in (pb_utils.InferenceResponse, pb_utils.InferenceRequest):
+        with pytest.raises(pb_utils.TritonModelException, match=re.escape(message)):
+            made(parameters=params)
+    response = pb_utils.InferenceResponse(parameters='{"on": true, "n": 2}')
+    assert response.parameter_values == {"on": True, "n": 2}
+
+
+def test_a_bls_response_carries_its_targets_response_parameters() -> None:
+    answered = response_from_result(Result("r", [], parameters={"on": True, "n": 2}))
+    assert json.loads(answered.parameters()) == {"on": True, "n": 2}
 
 
 @pytest.mark.parametrize(

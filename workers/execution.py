@@ -25,7 +25,7 @@ from sluice.shared.model_config import ModelSpec
 from sluice.shared.protocol import Request, Tensor
 from sluice.workers.backends import Infer
 from sluice.workers.cuda_staging import CudaStaging, Staged, stack_into
-from sluice.workers.python_backend.instance import TritonInstance
+from sluice.workers.python_backend.instance import Answered, TritonInstance
 
 _TORCH_DTYPE_FOR_BF16 = torch.bfloat16
 #: the torch dtype of each fixed-size datatype, to view a staged input's bytes as.
@@ -194,7 +194,7 @@ def _tensor(name: str, datatype: str, array: np.ndarray) -> Tensor:
 
 
 #: each request's output tensors (or the error that answers it), and the batch's phase timings.
-BatchOutputs = tuple[Sequence[list[Tensor] | SluiceError], BatchTiming]
+BatchOutputs = tuple[Sequence[list[Tensor] | Answered | SluiceError], BatchTiming]
 
 
 def adopt_torch_threads() -> None:

@@ -28,7 +28,7 @@ import numpy as np
 from sluice.shared.datatypes import NUMPY_DTYPE, deserialize_bytes_elements
 from sluice.shared.errors import Cancelled, InvalidInput, ModelExecutionError, SluiceError
 from sluice.shared.model_config import ModelSpec
-from sluice.shared.protocol import Request, Tensor
+from sluice.shared.protocol import Request, ResponseParameter, Tensor
 from sluice.workers.execution import split
 from sluice.workers.generation_stats import GenerationStats
 from sluice.workers.inflight import InflightScheduler, Iteration
@@ -100,6 +100,7 @@ class Responses(Protocol):
         tensors: Sequence[Tensor],
         error: SluiceError | None = None,
         final: bool = False,
+        parameters: dict[str, ResponseParameter] | None = None,
     ) -> None: ...
 
     def end(self, request: Request, error: SluiceError) -> bool: ...

@@ -31,7 +31,7 @@ from sluice.shared.stats import BatchStats
 from sluice.workers.backends import Infer, close_instance, instance_devices
 from sluice.workers.cuda_staging import CudaStaging
 from sluice.workers.execution import BatchOutputs, adopt_torch_threads, run_batch
-from sluice.workers.python_backend.instance import TritonInstance
+from sluice.workers.python_backend.instance import Answered, TritonInstance
 from sluice.workers.stage_ahead import StageAhead
 
 log = logging.getLogger(__name__)
@@ -174,7 +174,9 @@ class Instances:
                 close_instance(infer)
 
 
-def _result(request: Request, answer: list[Tensor] | SluiceError) -> Result:
+def _result(request: Request, answer: list[Tensor] | Answered | SluiceError) -> Result:
     if isinstance(answer, SluiceError):
         return Result(request.id, error=(answer.code, answer.message))
+    if isinstance(answer, Answered):
+        return Result(request.id, answer.outputs, parameters=answer.parameters)
     return Result(request.id, answer)

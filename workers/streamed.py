@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from sluice.shared.errors import SluiceError
 from sluice.shared.model_config import ModelSpec
-from sluice.shared.protocol import Request, Result, Tensor
+from sluice.shared.protocol import Request, ResponseParameter, Result, Tensor
 from sluice.workers.execution import output_tensor
 from sluice.workers.pending import Queued
 from sluice.workers.publisher import Publisher
@@ -113,9 +113,11 @@ class ResponseStream:
         tensors: Sequence[Tensor],
         error: SluiceError | None = None,
         final: bool = False,
+        parameters: dict[str, ResponseParameter] | None = None,
     ) -> None:
-        """`send` with the outputs already wire tensors. StreamClosed if the request is not
-        open (never opened here, or its final response was sent)."""
+        """`send` with the outputs already wire tensors (and the response's `parameters` for
+        its client). StreamClosed if the request is not open (never opened here, or its final
+        response was sent)."""
         with self._lock:
             state = self._open.get(request.id)
             if state is None:
@@ -126,7 +128,8 @@ class ResponseStream:
             failure = None if error is None else (error.code, error.message)
             # copied: a model may reuse its buffers before the response is published
             owned = [Tensor(t.name, t.datatype, t.shape, bytes(t.data)) for t in tensors]
-            self._outbox.append((state.item, Result(request.id, owned, failure, seq, final)))
+            result = Result(request.id, owned, failure, seq, final, parameters or None)
+            self._outbox.append((state.item, result))
         loop = self._loop
         assert loop is not None, "send before open"
         loop.call_soon_threadsafe(self._kick)

@@ -25,11 +25,12 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sluice.shared.errors import ModelExecutionError, SluiceError
-from sluice.shared.protocol import Request
+from sluice.shared.protocol import Request, ResponseParameter
 from sluice.shared.protocol import Tensor as WireTensor
 from sluice.workers.python_backend.context import Instance, running
 from sluice.workers.python_backend.custom_metrics import release as release_metrics
@@ -46,8 +47,18 @@ log = logging.getLogger(__name__)
 #: how long `close` waits for an async execute's loop to stop.
 LOOP_STOP_TIMEOUT_S = 5.0
 
-#: a request's outputs, or the error that answers it.
-Answer = list[WireTensor] | SluiceError
+
+@dataclass(slots=True)
+class Answered:
+    """A response's outputs and the parameters its model set for the client."""
+
+    outputs: list[WireTensor]
+    parameters: dict[str, ResponseParameter]
+
+
+#: a request's outputs (with its parameters, when the model set any), or the error that
+#: answers it.
+Answer = list[WireTensor] | Answered | SluiceError
 
 
 class ContractError(Exception):
@@ -147,6 +158,8 @@ class TritonInstance:
             answer = [] if response is None else self._answer(request, response)
             if isinstance(answer, SluiceError):
                 responses.send_tensors(request, [], answer, final)
+            elif isinstance(answer, Answered):
+                responses.send_tensors(request, answer.outputs, None, final, answer.parameters)
             else:
                 responses.send_tensors(request, answer, None, final)
 
@@ -201,13 +214,15 @@ class TritonInstance:
             return to_sluice(error)
         wanted = self._all_outputs if request.outputs is None else request.outputs
         try:
-            return [
+            outputs = [
                 to_wire(tensor, self.output_types[tensor.name()])
                 for tensor in response.output_tensors()
                 if tensor.name() in wanted and tensor.name() in self.output_types
             ]
         except ValueError as exc:
             return self._failure(str(exc))
+        parameters = response.parameter_values
+        return Answered(outputs, parameters) if parameters else outputs
 
     def close(self) -> None:
         """`finalize()` once, when the instance is let go (the worker stops, or an unload)."""

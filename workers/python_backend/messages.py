@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import orjson
-from sluice.shared.protocol import Request, Result
+from sluice.shared.protocol import Request, ResponseParameter, Result
 from sluice.shared.queue_policy import DEADLINE, PRIORITY, TIMEOUT
 from sluice.workers.python_backend import bls
 from sluice.workers.python_backend.errors import TritonError, TritonModelException, from_sluice_code
@@ -27,17 +27,28 @@ FLAG_SEQUENCE_START, FLAG_SEQUENCE_END = 1, 2
 RELEASE_ALL, RELEASE_RESCHEDULE = 1, 2
 
 
-def _parameters_json(parameters: dict[str, Any] | str | None) -> str:
+def _parameter_values(parameters: dict[str, Any] | str | None) -> dict[str, ResponseParameter]:
+    """The parameters a request or response is made with, held to what Triton's parameters
+    carry (bool, int, str), with its messages; a JSON string is read first."""
     if parameters is None:
-        return "{}"
+        return {}
     if isinstance(parameters, str):
-        return parameters
+        try:
+            parameters = orjson.loads(parameters)
+        except orjson.JSONDecodeError as exc:
+            raise TritonModelException(f"parameters are not a JSON object: {exc}") from None
+        if not isinstance(parameters, dict):
+            raise TritonModelException("parameters are not a JSON object")
     for key, value in parameters.items():
-        if not isinstance(key, str) or not isinstance(value, bool | int | float | str):
+        if not isinstance(key, str):
             raise TritonModelException(
-                f"parameter '{key}': keys must be strings and values bool, int, float or str"
+                f"Expect parameters keys to have type str, found type {type(key)}"
             )
-    return orjson.dumps(parameters).decode()
+        if not isinstance(value, bool | int | str):
+            raise TritonModelException(
+                f"Expect parameters values to have type bool/int/str, found type {type(value)}"
+            )
+    return parameters
 
 
 class InferenceResponse:
@@ -59,7 +70,9 @@ class InferenceResponse:
             raise TritonModelException(f"error must be a pb_utils.TritonError, got {error!r}")
         self._outputs = tensors
         self._error = error
-        self._parameters = _parameters_json(parameters)
+        #: what its client is sent beside the outputs.
+        self.parameter_values = _parameter_values(parameters)
+        self._parameters = orjson.dumps(self.parameter_values).decode()
 
     def output_tensors(self) -> list[Tensor]:
         return self._outputs
@@ -100,7 +113,7 @@ class InferenceRequest:
         self.model_version = model_version
         self._flags = flags
         self._timeout = timeout
-        self._parameters = _parameters_json(parameters)
+        self._parameters = orjson.dumps(_parameter_values(parameters)).decode()
         self._sender: Any = None
         #: an iterative model's request may be rescheduled; what its model last asked for.
         self.reschedulable = False
@@ -203,7 +216,7 @@ class InferenceRequest:
         iterate over its responses as they come."""
         if decoupled:
             return ResponseIterator(bls.submit_streamed(self._bls_call()))
-        return _response(bls.submit(self._bls_call()).result())
+        return response_from_result(bls.submit(self._bls_call()).result())
 
     async def async_exec(self, decoupled: bool = False) -> InferenceResponse | ResponseIterator:
         """`exec()` as an awaitable, for `async def execute`; a decoupled call's iterator
@@ -213,7 +226,7 @@ class InferenceRequest:
             await asyncio.wrap_future(streamed.finished)
             return ResponseIterator(streamed)
         result = await asyncio.wrap_future(bls.submit(self._bls_call()))
-        return _response(result)
+        return response_from_result(result)
 
 
 class ResponseIterator:
@@ -240,12 +253,13 @@ class ResponseIterator:
             raise StopIteration
         result = next(self._arriving)
         self._finished = result.final
-        self._seen.append(_response(result))
+        self._seen.append(response_from_result(result))
         self._next = len(self._seen)
         return self._seen[-1]
 
 
-def _response(result: Result) -> InferenceResponse:
+def response_from_result(result: Result) -> InferenceResponse:
+    """A BLS call's result as its caller gets it: outputs and parameters, or the error."""
     if result.error is not None:
         return InferenceResponse(error=from_sluice_code(*result.error))
-    return InferenceResponse([from_wire(t) for t in result.outputs])
+    return InferenceResponse([from_wire(t) for t in result.outputs], parameters=result.parameters)

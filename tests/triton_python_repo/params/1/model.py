@@ -1,4 +1,5 @@
-# Answers with what the request says of itself: parameters, requested outputs, sequence id.
+# Answers with what the request says of itself: parameters, requested outputs, sequence id;
+# its response parameters (bool, int, str) say the same for the client.
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -18,7 +19,12 @@ class TritonPythonModel:
                         pb_utils.Tensor(
                             "CORRELATION", np.array([request.correlation_id()], np.int64)
                         ),
-                    ]
+                    ],
+                    parameters={
+                        "outputs": len(names),
+                        "in_sequence": request.correlation_id() != 0,
+                        "model": "params",
+                    },
                 )
             )
         return responses
