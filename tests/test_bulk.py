@@ -113,7 +113,7 @@ def test_json_lines_keep_each_line_s_id_and_count_lines_from_one() -> None:
     bad = {"inputs": [{"name": "X", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]}
     data = (json.dumps(good) + "\n\n" + json.dumps(good) + "\n").encode()
     assert [i.client_id for i in read_items(data, "jsonl", SIG)] == ["a", "a"]
-    with pytest.raises(InvalidInput, match="line 2: .*unexpected shape for input 'X'"):
+    with pytest.raises(InvalidInput, match=r"line 2: .*unexpected shape for input 'X'"):
         read_items((json.dumps(good) + "\n" + json.dumps(bad)).encode(), "jsonl", SIG)
 
 
