@@ -25,7 +25,9 @@ def test_errors_are_typed_and_carry_the_message(service: Service) -> None:
         with pytest.raises(errors.InvalidRequest) as err:
             client.infer("nobatch", {"IN": np.ones((5,), np.float32)})
         assert err.value.status == 400 and "'IN'" in err.value.message
-        with pytest.raises(errors.InvalidRequest, match="unknown model"):
+        with pytest.raises(errors.ModelNotFound, match="404: Request for unknown model"):
+            client.infer("nope", {"IN": np.ones((2, 3), np.float32)})
+        with pytest.raises(errors.InvalidRequest):  # as before the 404
             client.infer("nope", {"IN": np.ones((2, 3), np.float32)})
 
 

@@ -11,7 +11,12 @@ class SluiceClientError(Exception):
 
 
 class InvalidRequest(SluiceClientError):
-    """400: bad input, unknown model, cancelled."""
+    """400: bad input, cancelled; its subclass ModelNotFound: an unknown model or version."""
+
+
+class ModelNotFound(InvalidRequest):
+    """404 'Request for unknown model: ...' (Triton's status and text): no such model or version,
+    or none loaded."""
 
 
 class Unauthorized(SluiceClientError):
@@ -38,6 +43,8 @@ class JobTimeout(TimeoutError):
     """The job did not finish within the time the caller allowed."""
 
 
+#: how the server's (and Triton's) 404 for a model begins, told from a job's 404 by it
+UNKNOWN_MODEL = "Request for unknown model: "
 _BY_STATUS = {
     400: InvalidRequest,
     401: Unauthorized,
@@ -48,5 +55,7 @@ _BY_STATUS = {
 
 
 def error_for_status(status: int, message: str) -> SluiceClientError:
+    if status == 404 and message.startswith(UNKNOWN_MODEL):
+        return ModelNotFound(status, message)
     cls = _BY_STATUS.get(status, ServerError if status >= 500 else InvalidRequest)
     return cls(status, message)
