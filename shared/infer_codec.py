@@ -28,6 +28,10 @@ HEADER_LENGTH = "inference-header-content-length"
 #: Triton 2.51's texts for a body without `inputs`, and for `data` that does not fill its shape
 MISSING_INPUTS = "Unable to parse 'inputs': attempt to access non-existing object member 'inputs'"
 DATA_SHAPE_MISMATCH = "Unable to parse 'data': Shape does not match true shape of 'data' field"
+NO_DATA = (
+    "Input must set only one of the following fields: 'data', 'binary_data_size' in "
+    "'parameters', 'shared_memory_region' in 'parameters'. But no field is set"
+)
 
 
 @dataclass(slots=True)
@@ -75,7 +79,7 @@ def parse_infer(body: bytes, header_length: int | None, sig: Signature) -> Parse
     json_end = len(body) if header_length is None else header_length
     if json_end > len(body):
         raise InvalidInput(
-            f"Inference-Header-Content-Length {json_end} exceeds the body size {len(body)}"
+            f"inference header size should be in range (0, {len(body)}), got: {json_end}"
         )
     try:
         header = orjson.loads(memoryview(body)[:json_end])
@@ -131,7 +135,9 @@ def _is_count(value: Any) -> bool:
 
 def _shape(item: Mapping[str, Any], where: str) -> tuple[int, ...]:
     shape = item.get("shape")
-    if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+    if not isinstance(shape, list):
+        raise InvalidInput("Unable to parse 'shape': attempt to access JSON non-array as array")
+    if not all(_is_count(d) for d in shape):
         raise InvalidInput(f"{where}: 'shape' must be a list of non-negative integers")
     return tuple(shape)
 
@@ -153,27 +159,21 @@ def _input(item: Any, index: int, binary: memoryview, used: int) -> tuple[Tensor
         if used + size > len(binary):
             raise InvalidInput(f"{where}: binary_data_size {size} runs past the end of the body")
         data = binary[used : used + size]
-        _check_binary_size(where, datatype, shape, data)
+        if datatype == "BYTES":  # fixed-size types: validate_inputs checks the byte size
+            _check_bytes_elements(where, shape, data)
         return Tensor(name, datatype, shape, data), used + size
     if "data" not in item:
-        raise InvalidInput(f"{where}: has neither 'data' nor 'binary_data_size'")
+        raise InvalidInput(NO_DATA)
     return Tensor(name, datatype, shape, json_data(item["data"], datatype, shape, where)), used
 
 
-def _check_binary_size(where: str, datatype: str, shape: tuple[int, ...], data: memoryview) -> None:
-    count = element_count(shape)
-    if datatype == "BYTES":
-        try:
-            found = len(deserialize_bytes_elements(data))
-        except ValueError as exc:
-            raise InvalidInput(f"{where}: malformed BYTES data: {exc}") from None
-        if found != count:
-            raise InvalidInput(f"{where}: {found} BYTES elements for shape {list(shape)}")
-    elif count * ELEMENT_SIZE[datatype] != len(data):
-        raise InvalidInput(
-            f"{where}: binary_data_size {len(data)} does not match shape {list(shape)} of "
-            f"{datatype} ({count * ELEMENT_SIZE[datatype]} bytes)"
-        )
+def _check_bytes_elements(where: str, shape: tuple[int, ...], data: memoryview) -> None:
+    try:
+        found = len(deserialize_bytes_elements(data))
+    except ValueError as exc:
+        raise InvalidInput(f"{where}: malformed BYTES data: {exc}") from None
+    if found != element_count(shape):
+        raise InvalidInput(f"{where}: {found} BYTES elements for shape {list(shape)}")
 
 
 def _flatten(data: Any) -> list[Any]:

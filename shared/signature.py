@@ -152,6 +152,6 @@ def _check_tensor(sig: Signature, spec: IOSpec, tensor: Tensor, at: str) -> None
     nbytes = len(tensor.data) if not isinstance(tensor.data, memoryview) else tensor.data.nbytes
     if size and nbytes != element_count(tensor.shape) * size:
         raise InvalidInput(
-            f"input '{spec.name}': got {nbytes} bytes, shape {list(tensor.shape)} of "
-            f"{spec.datatype} needs {element_count(tensor.shape) * size}"
+            f"{at}input byte size mismatch for input '{spec.name}' for model '{sig.name}'. "
+            f"Expected {element_count(tensor.shape) * size}, got {nbytes}"
         )

@@ -9,7 +9,7 @@ import pytest
 from sluice.shared.datatypes import serialize_bytes_elements
 from sluice.shared.errors import InvalidInput
 from sluice.shared.infer_codec import parse_infer
-from sluice.shared.signature import Signature
+from sluice.shared.signature import Signature, validate_inputs
 
 from tests.infer_bodies import (
     FOUR,
@@ -51,10 +51,10 @@ def expect_invalid(
             {"inputs": [{"name": "IN", "datatype": [], "shape": [1, 4], "data": FOUR}]},
             "invalid datatype for input IN",
         ),
-        ({"inputs": [fp32_input("1,4", FOUR)]}, "input 'IN': 'shape'"),
+        ({"inputs": [fp32_input("1,4", FOUR)]}, "Unable to parse 'shape': attempt to access JSON"),
         ({"inputs": [fp32_input([1, -4], FOUR)]}, "input 'IN': 'shape'"),
         ({"inputs": [fp32_input([1, 4.0], FOUR)]}, "input 'IN': 'shape'"),
-        ({"inputs": [{"name": "IN", "datatype": "FP32", "data": FOUR}]}, "input 'IN': 'shape'"),
+        ({"inputs": [{"name": "IN", "datatype": "FP32", "data": FOUR}]}, "Unable to parse 'shape'"),
         (
             {"inputs": [fp32_input([1, 4], [1, 2, 3])]},
             "Unable to parse 'data': Shape does not match true shape of 'data' field",
@@ -62,7 +62,8 @@ def expect_invalid(
         ({"inputs": [fp32_input([2, 4], [FOUR])]}, "Shape does not match true shape"),
         (
             {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 4]}]},
-            "input 'IN': has neither 'data' nor 'binary_data_size'",
+            "Input must set only one of the following fields: 'data', 'binary_data_size' in "
+            "'parameters', 'shared_memory_region' in 'parameters'. But no field is set",
         ),
         (
             {"inputs": [fp32_input([1, 4], ["a", "b", "c", "d"])]},
@@ -120,9 +121,14 @@ FP32_ROW = np.array([[1, 2, 3, 4]], dtype="<f4").tobytes()
 
 
 def test_binary_size_not_matching_the_shape() -> None:
+    """The codec takes the bytes; validate_inputs names the mismatch against the model."""
     body, n = binary_body({"inputs": [binary_input("IN", "FP32", [1, 4], 12)]}, FP32_ROW[:12])
-    expect_invalid(
-        body, n, r"input 'IN': binary_data_size 12 does not match shape \[1, 4\] of FP32"
+    parsed = parse_infer(body, n, SIG)
+    with pytest.raises(InvalidInput) as caught:
+        validate_inputs(SIG, parsed.inputs)
+    assert caught.value.message == (
+        "[request id: <id_unknown>] input byte size mismatch for input 'IN' for model "
+        f"'{SIG.name}'. Expected 16, got 12"
     )
 
 
@@ -155,7 +161,9 @@ def test_binary_bytes_after_a_pure_json_header() -> None:
 
 def test_header_length_past_the_body() -> None:
     body = json_body({"inputs": [fp32_input([1, 4], FOUR)]})
-    expect_invalid(body, len(body) + 1, "Inference-Header-Content-Length")
+    expect_invalid(
+        body, len(body) + 1, rf"inference header size should be in range \(0, {len(body)}\)"
+    )
 
 
 @pytest.mark.parametrize("size", [-1, "16", 1.5])
