@@ -300,7 +300,9 @@ class GatewayApp:
         outcome = await self.core.infer(
             params["model"], params.get("version"), _rest_infer(request), request.disconnected
         )
-        return infer_response(outcome)
+        response = infer_response(outcome)
+        response.compressible = True  # Triton compresses infer responses alone
+        return response
 
     async def _generate(self, request: HttpRequest, params: Params) -> HttpResponse:
         infer = _generate_infer(request)

@@ -42,6 +42,10 @@ class HttpResponse:
     #: a body written piece by piece as it is produced (server-sent events); the
     #: connection closes after it.
     stream: AsyncIterator[bytes] | None = None
+    #: an infer response: compressed in the coding the client's Accept-Encoding prefers.
+    #: Triton compresses no other answer, and clients (aiohttp under tritonclient's asyncio
+    #: client) that accept gzip on every request inflate infer responses alone.
+    compressible: bool = False
 
 
 def json_response(payload: Any, status: int = 200) -> HttpResponse:
@@ -56,6 +60,34 @@ def error_response(error: SluiceError) -> HttpResponse:
     if retry_after_s is not None:
         response.headers = [*response.headers, (b"retry-after", b"%d" % retry_after_s)]
     return response
+
+
+#: zlib's window bits for each coding an answer may be sent in (deflate: the zlib format).
+_WBITS = {b"gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}
+_CODINGS = (b"identity", *_WBITS)
+
+
+def response_coding(accept_encoding: bytes) -> bytes | None:
+    """The coding of identity, gzip and deflate that Accept-Encoding weighs highest (q, 1 when
+    not given; the first of equal weights), as Triton picks it; None: the body as it is."""
+    best, best_weight = None, 0.0
+    for item in accept_encoding.split(b","):
+        name, _, weight_text = item.partition(b";")
+        name = name.strip().lower()
+        if name not in _CODINGS:
+            continue
+        weight = 1.0
+        if weight_text:
+            key, _, value = weight_text.partition(b"=")
+            if key.strip().lower() != b"q":
+                continue
+            try:
+                weight = float(value)
+            except ValueError:
+                continue
+        if weight > best_weight:
+            best, best_weight = name, weight
+    return None if best == b"identity" else best
 
 
 def encode_response(
@@ -73,11 +105,11 @@ def encode_response(
     if isinstance(body, list):
         body = b"".join(body)
     headers = response.headers
-    if body and accept_encoding and (b"gzip" in accept_encoding or b"deflate" in accept_encoding):
-        gzip = b"gzip" in accept_encoding
-        compressor = zlib.compressobj(wbits=16 + zlib.MAX_WBITS) if gzip else zlib.compressobj()
+    coding = response_coding(accept_encoding) if body and response.compressible else None
+    if coding is not None:
+        compressor = zlib.compressobj(wbits=_WBITS[coding])
         body = compressor.compress(body) + compressor.flush()
-        headers = [*headers, (b"content-encoding", b"gzip" if gzip else b"deflate")]
+        headers = [*headers, (b"content-encoding", coding)]
     status = response.status
     lines = [b"HTTP/%s %d %s\r\n" % (version, status, REASONS.get(status, b"Unknown"))]
     lines += [b"%s: %s\r\n" % pair for pair in headers]
