@@ -17,14 +17,13 @@ from sluice.gateway import metadata
 from sluice.gateway.bulk_api import BulkApi, BulkUpload
 from sluice.gateway.dispatcher import Dispatcher
 from sluice.gateway.ensembles import Ensembles
-from sluice.gateway.model_loads import check_load, failed_to_poll, load_fleet_wide
 from sluice.gateway.model_table import ModelTable, ModelView, no_versions
 from sluice.gateway.outage import RETRY_AFTER_S
 from sluice.gateway.outbox import Route
 from sluice.gateway.restricted_apis import Restrictions
 from sluice.shared import keys
 from sluice.shared.bulk import BulkStatus
-from sluice.shared.ensemble import collect_configs, composing_models, is_ensemble
+from sluice.shared.ensemble import composing_models, is_ensemble
 from sluice.shared.errors import (
     InvalidInput,
     ModelNotFound,
@@ -37,11 +36,17 @@ from sluice.shared.errors import (
 from sluice.shared.fleet import fleet_status
 from sluice.shared.infer_codec import ParsedInfer, decompress, parse_infer
 from sluice.shared.jobs import MAX_BULK_JOBS, MAX_JOBS
+from sluice.shared.model_loads import (
+    check_load,
+    failed_to_poll,
+    load_fleet_wide,
+    unload_fleet_wide,
+)
 from sluice.shared.partitions import share
 from sluice.shared.protocol import Request, ResponseParameter, Result, Tensor
 from sluice.shared.queue_policy import DEADLINE, PRIORITY, TIMEOUT, deadline_us
 from sluice.shared.redis_client import REDIS_ERRORS
-from sluice.shared.repository_control import NOT_EXPLICIT, declare
+from sluice.shared.repository_control import NOT_EXPLICIT
 from sluice.shared.signature import Signature, validate_inputs
 from sluice.shared.transaction_policy import is_decoupled
 
@@ -171,7 +176,7 @@ class GatewayCore:
         self, name: str, config_json: str | None = None, files: Mapping[str, bytes] | None = None
     ) -> None:
         """Load (or reload) the model on every worker that serves it; returns once it is READY
-        on one, fails with the workers' reasons if none could (see gateway/model_loads.py).
+        on one, fails with the workers' reasons if none could (see shared/model_loads.py).
         An ensemble's composing models not ready yet are loaded too, nested ones' as well, as
         Triton does."""
         self._explicit_only()
@@ -208,11 +213,8 @@ class GatewayCore:
         await self._refresh()
         if name not in self.table.repository and name not in self.table.models:
             return  # nothing to unload, as Triton answers
-        names = [name]
-        if unload_dependents:
-            names += [m for m in collect_configs(name, self._config_of) if m != name]
-        for model in names:
-            await declare(self.dispatcher.redis, model, loaded=False)
+        redis = self.dispatcher.redis
+        for model in await unload_fleet_wide(redis, name, unload_dependents, self._config_of):
             self.table.withdraw(model)
 
     def _config_of(self, name: str) -> dict[str, Any] | None:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sluice.gateway.model_loads import check_load
+from sluice.shared.model_loads import check_load
 from sluice.shared.errors import InvalidInput
 from sluice.shared.repository_control import model_name_problem
 from sluice.workers.override_files import OverrideDirectory

@@ -223,8 +223,10 @@ def test_model_config_helpers_refuse_what_triton_refuses() -> None:
 
 
 def test_unsupported_calls_say_so() -> None:
-    with pytest.raises(pb_utils.TritonModelException, match="not supported"):
-        pb_utils.load_model("m")
+    with pytest.raises(pb_utils.TritonModelException, match="not allowed if polling is enabled"):
+        pb_utils.load_model("m")  # outside explicit mode, as Triton
+    with pytest.raises(pb_utils.TritonModelException, match="files should be a dictionary"):
+        pb_utils.load_model("m", "{}", files=[b"x"])
     with pytest.raises(pb_utils.TritonModelException, match="decoupled"):
         pb_utils.InferenceRequest().get_response_sender()
 

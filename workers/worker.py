@@ -48,7 +48,7 @@ from sluice.workers.inflight_loop import InflightLoop
 from sluice.workers.model_manager import ModelManager
 from sluice.workers.model_queue import ModelQueue
 from sluice.workers.override_files import OverrideDirectory
-from sluice.workers.python_backend import bls
+from sluice.workers.python_backend import bls, model_control
 from sluice.workers.python_backend.custom_metrics import REGISTRY as MODEL_METRICS
 from sluice.workers.recovery import RecoveryPolicy
 from sluice.workers.served_models import ServedModels
@@ -126,6 +126,7 @@ class Worker:
         self.id = config.member_id()
         self.redis = async_client(config.redis_url)
         bls.use_redis(config.redis_url)  # Triton Python models' BLS calls go through it
+        model_control.configure(config.redis_url, config.model_control_mode)
         #: the models served and what changes them, built in `run` (it needs the running loop).
         self.served: ServedModels | None = None
         self.manager: ModelManager | None = None

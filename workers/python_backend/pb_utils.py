@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
 
 from sluice.workers.python_backend import bls
 from sluice.workers.python_backend.context import model_dir
@@ -30,6 +29,7 @@ from sluice.workers.python_backend.model_config import (
     get_output_config_by_name,
     using_decoupled_model_transaction_policy,
 )
+from sluice.workers.python_backend.model_control import load_model, unload_model
 from sluice.workers.python_backend.sender import COMPLETE_FINAL, InferenceResponseSender
 from sluice.workers.python_backend.tensors import (
     TRITON_STRING_TO_NUMPY,
@@ -144,21 +144,6 @@ def get_model_dir() -> str:
     if current is None:
         raise TritonModelException("get_model_dir() is only available inside a model")
     return str(current)
-
-
-def _not_supported(what: str) -> TritonModelException:
-    return TritonModelException(
-        f"{what} is not supported by sluice's Python backend: use the server's "
-        "/v2/repository/models/<m>/load, /unload and /ready endpoints"
-    )
-
-
-def load_model(model_name: str, config: str = "", files: Any = None) -> None:
-    raise _not_supported("pb_utils.load_model")
-
-
-def unload_model(model_name: str, unload_dependents: bool = False) -> None:
-    raise _not_supported("pb_utils.unload_model")
 
 
 def is_model_ready(model_name: str, model_version: str = "") -> bool:

@@ -1,6 +1,8 @@
-"""A load through the repository API, fleet-wide: declare it, then wait for the workers.
+"""A load or unload, fleet-wide: declare it, then (a load) wait for the workers. The
+repository API's (gateway/core.py) and a Python model's `pb_utils.load_model` /
+`unload_model` (workers/python_backend/model_control.py) go the same way.
 
-The call returns once one worker that serves the repository reports the model READY at the
+A load returns once one worker that serves the repository reports the model READY at the
 load's generation, and fails with every worker's reason once all of them that could load it
 reported failing (Triton's answer: 400 "load failed for model 'M': ..."). Heartbeats carry
 each worker's state; a worker beats at once when a model changes state, so this looks at the
@@ -12,14 +14,15 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from sluice.shared import keys
+from sluice.shared.ensemble import collect_configs
 from sluice.shared.errors import InvalidInput, SluiceError, Unavailable
 from sluice.shared.redis_client import AsyncClient
-from sluice.shared.registry import READY, Member, live_members, now_ms
+from sluice.shared.registry import READY, Member, decode_model_record, live_members, now_ms
 from sluice.shared.repository_control import (
     OverridesFull,
     declare,
@@ -116,10 +119,7 @@ async def load_fleet_wide(
         ) from None
     deadline = time.monotonic() + timeout_s
     while True:
-        fleet = await redis.hgetall(keys.FLEET)
-        members, _ = live_members(cast("dict[bytes, bytes]", fleet), now_ms())
-        workers = [m for m in members if m.kind == "worker"]
-        outcome = load_outcome(name, generation, workers, bool(files))
+        outcome = load_outcome(name, generation, await live_workers(redis), bool(files))
         if outcome.ready:
             return
         if outcome.reasons:
@@ -130,3 +130,55 @@ async def load_fleet_wide(
                 "POST /v2/repository/index"
             )
         await asyncio.sleep(LOAD_POLL_S)
+
+
+async def live_workers(redis: AsyncClient) -> list[Member]:
+    """The workers whose heartbeats are current."""
+    fleet = await redis.hgetall(keys.FLEET)
+    members, _ = live_members(cast("dict[bytes, bytes]", fleet), now_ms())
+    return [m for m in members if m.kind == "worker"]
+
+
+async def load_checked(
+    redis: AsyncClient,
+    name: str,
+    config_json: str | None,
+    files: Mapping[str, bytes] | None,
+    timeout_s: float,
+) -> None:
+    """A load with the checks the gateway makes against its model table, made against the
+    workers' heartbeats instead: Triton's "failed to poll" for a model no repository holds."""
+    check_load(name, config_json, files)
+    if not files and not any(name in w.repository for w in await live_workers(redis)):
+        raise failed_to_poll(name)
+    await load_fleet_wide(redis, name, config_json, files, timeout_s)
+
+
+async def unload_fleet_wide(
+    redis: AsyncClient,
+    name: str,
+    unload_dependents: bool,
+    config_of: Callable[[str], Mapping[str, Any] | None],
+) -> list[str]:
+    """Declare the unload of `name` and, with `unload_dependents`, of the models its ensemble
+    names (nested ones' too, looked up with `config_of`); the models declared unloaded."""
+    names = [name]
+    if unload_dependents:
+        names += [m for m in collect_configs(name, config_of) if m != name]
+    for model in names:
+        await declare(redis, model, loaded=False)
+    return names
+
+
+async def unload_checked(redis: AsyncClient, name: str, unload_dependents: bool) -> None:
+    """`unload_fleet_wide` with the configs the workers announced; a model that no worker's
+    repository holds and none announced is left alone, as Triton answers such an unload."""
+    records = cast("dict[bytes, bytes]", await redis.hgetall(keys.MODELS))
+    configs = {
+        model.decode(): config
+        for model, raw in records.items()
+        if (config := decode_model_record(raw).get("config")) is not None
+    }
+    known = set(configs) | {m for w in await live_workers(redis) for m in w.repository}
+    if name in known:
+        await unload_fleet_wide(redis, name, unload_dependents, configs.get)

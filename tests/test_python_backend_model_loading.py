@@ -1,0 +1,147 @@
+"""Triton's model loading API from a Python model (`pb_utils.load_model`, `unload_model`):
+the same fleet-wide desired state as the repository API, in explicit mode only, with
+Triton's errors; served by `sluice serve` and driven with tritonclient.http."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from sluice.shared.redis_client import sync_client
+
+from sluice.embedded_redis import EmbeddedRedis
+from tests.conftest import (
+    HERE,
+    Service,
+    serving_alone,
+    start_sluice,
+    stop_service,
+    wait_until,
+)
+from tests.redis_cluster import EmbeddedCluster
+
+MODELS = HERE / "triton_python_repo"
+NOT_EXPLICIT = (
+    "Failed to load model: Failed to process the request for model 'model_control', "
+    "message: explicit model load / unload is not allowed if polling is enabled"
+)
+
+
+@pytest.fixture(scope="module")
+def explicit(
+    scratch_redis: EmbeddedRedis | EmbeddedCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Service]:
+    """`sluice serve` in explicit mode with only model_control loaded at start."""
+    client = sync_client(scratch_redis.url)
+    client.flushall()
+    client.close()
+    repo = tmp_path_factory.mktemp("loading") / "models"
+    for model in ("model_control", "add_sub"):
+        shutil.copytree(MODELS / model, repo / model)
+    broken = repo / "broken"
+    shutil.copytree(MODELS / "add_sub", broken)
+    config = (broken / "config.pbtxt").read_text().replace('"add_sub"', '"broken"')
+    (broken / "config.pbtxt").write_text(config.replace("max_batch_size: 8", "max_batch_size: -8"))
+    args = ["--model-repository", str(repo), "--redis-url", scratch_redis.url, "--grpc-port", "0"]
+    mode = ["--model-control-mode", "explicit", "--load-model", "model_control"]
+    service = start_sluice("serve", [*args, *mode])
+    yield service
+    stop_service(service)
+
+
+@pytest.fixture
+def client(explicit: Service) -> Iterator[httpclient.InferenceServerClient]:
+    with httpclient.InferenceServerClient(explicit.http_url) as connection:
+        yield connection
+
+
+def control(
+    client: httpclient.InferenceServerClient, action: str, target: str, config: str = ""
+) -> str:
+    """What model_control answers for `action` on `target`."""
+    inputs = []
+    for name, text in (("ACTION", action), ("TARGET", target), ("CONFIG", config)):
+        tensor = httpclient.InferInput(name, [1], "BYTES")
+        tensor.set_data_from_numpy(np.array([text.encode()], dtype=np.object_))
+        inputs.append(tensor)
+    result = client.infer("model_control", inputs).as_numpy("RESULT")
+    return str(result[0].decode())
+
+
+def test_a_model_loads_and_unloads_another_fleet_wide(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    assert not client.is_model_ready("add_sub")
+    assert control(client, "load", "add_sub") == "ok"  # returns once it is ready
+    assert client.is_model_ready("add_sub")
+    assert control(client, "ready", "add_sub") == "True"
+    assert control(client, "unload", "add_sub") == "ok"  # returns at once, as Triton's
+    wait_until(lambda: not client.is_model_ready("add_sub"), "the unload seen by the gateway")
+    index = {m["name"]: m for m in client.get_model_repository_index()}
+    wait_until(
+        lambda: (
+            {m["name"]: m for m in client.get_model_repository_index()}["add_sub"].get("reason")
+            == "unloaded"
+        ),
+        "the workers' unload",
+    )
+    assert index["model_control"]["state"] == "READY"
+
+
+def test_a_load_with_a_config_override_serves_that_config(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    tensors = [{"data_type": "TYPE_FP32", "dims": [4]}] * 2
+    outputs = [*tensors, {"data_type": "TYPE_INT32", "dims": [1]}]
+    config = json.dumps(
+        {
+            "backend": "python",
+            "max_batch_size": 2,
+            "input": [{"name": n, **t} for n, t in zip(("INPUT0", "INPUT1"), tensors, strict=True)],
+            "output": [
+                {"name": n, **t}
+                for n, t in zip(("OUTPUT0", "OUTPUT1", "REQUESTS"), outputs, strict=True)
+            ],
+        }
+    )
+    assert control(client, "load", "add_sub", config) == "ok"
+    # the gateways take the new config from the workers' records (within a heartbeat)
+    wait_until(
+        lambda: (
+            client.is_model_ready("add_sub")
+            and client.get_model_config("add_sub")["max_batch_size"] == 2
+        ),
+        "the override served",
+    )
+    assert control(client, "unload", "add_sub") == "ok"
+
+
+def test_failed_loads_raise_tritons_errors(client: httpclient.InferenceServerClient) -> None:
+    prefix = "Failed to load model: Failed to process the request for model 'model_control', "
+    assert control(client, "load", "nowhere") == (
+        prefix + "message: failed to load 'nowhere', failed to poll from model repository"
+    )
+    broken = control(client, "load", "broken")
+    assert broken.startswith(prefix + "message: load failed for model 'broken': "), broken
+    assert control(client, "load", "add_sub", "[1]") == (
+        prefix + "message: failed to load 'add_sub', failed to poll from model repository"
+    )
+
+
+def test_outside_explicit_mode_the_api_is_refused(tmp_path: Path) -> None:
+    repo = tmp_path / "models"
+    for model in ("model_control", "add_sub"):
+        shutil.copytree(MODELS / model, repo / model)
+    with (
+        serving_alone(repo) as service,
+        httpclient.InferenceServerClient(service.http_url) as connection,
+    ):
+        assert control(connection, "load", "add_sub") == NOT_EXPLICIT
+        unloaded = control(connection, "unload", "add_sub")
+        assert unloaded == NOT_EXPLICIT.replace("Failed to load", "Failed to unload")
+        assert connection.is_model_ready("add_sub")
