@@ -226,16 +226,18 @@ def test_empty_variable_dim(service: Service) -> None:
 
 
 @pytest.mark.parametrize(
-    "version",
-    ["%C2%B2", "9" * 5000],
+    ("version", "status"),
+    [("%C2%B2", 404), ("9" * 5000, 400)],  # Triton's routes take ASCII digits alone
     ids=["superscript-two", "5000-digits"],
 )
 @pytest.mark.parametrize("action", ["ready", "infer"])
-def test_version_that_is_digits_but_no_int(service: Service, version: str, action: str) -> None:
+def test_version_that_is_digits_but_no_int(
+    service: Service, version: str, status: int, action: str
+) -> None:
     method = "POST" if action == "infer" else "GET"
     path = f"/v2/models/versioned/versions/{version}/{action}"
     answer = fire(service, method, path, b"{}" if method == "POST" else None)
-    assert answer.status == 400
+    assert answer.status == status
 
 
 def test_json_data_nested_just_within_the_parser_depth_limit(service: Service) -> None:
