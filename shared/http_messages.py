@@ -39,8 +39,7 @@ class HttpResponse:
     status: int
     body: bytes | list[bytes | bytearray | memoryview] = b""
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
-    #: a body written piece by piece as it is produced (server-sent events); the
-    #: connection closes after it.
+    #: a body written piece by piece as it is produced (server-sent events), chunked.
     stream: AsyncIterator[bytes] | None = None
     #: an infer response: compressed in the coding the client's Accept-Encoding prefers.
     #: Triton compresses no other answer, and clients (aiohttp under tritonclient's asyncio

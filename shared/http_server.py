@@ -4,9 +4,10 @@ health probes are served by it too.
 Measured against uvicorn's ASGI layer, most of a request's gateway time went to ASGI message
 plumbing and to writing the status line and the body in two syscalls. Here a request is
 parsed by httptools into one `HttpRequest`, handled by one coroutine, and answered with one
-write. Keep-alive (HTTP/1.0's too), pipelining (answered in order), HEAD, `Expect:
-100-continue` (sent only to a request that will be served), limits on the body and on the
-header fields, and graceful shutdown are handled; nothing else is needed by KServe v2 clients.
+write. Keep-alive (HTTP/1.0's too), pipelining (answered in order), streamed answers (chunked),
+HEAD, `Expect: 100-continue` (sent only to a request that will be served), limits on the body
+and on the header fields, and graceful shutdown are handled; nothing else is needed by KServe
+v2 clients.
 """
 
 from __future__ import annotations
@@ -300,12 +301,13 @@ class _Connection(asyncio.Protocol):
                 self.queue.popleft()
                 if self.transport is None or self.transport.is_closing():
                     return
-                if response.stream is not None:
-                    await self._stream(response, version, head)
-                    return
                 keep_alive = keep_alive and not self.server.closing
-                accept = request.headers.get(b"accept-encoding", b"")
-                self.transport.write(encode_response(response, accept, keep_alive, version, head))
+                if response.stream is not None:
+                    keep_alive = await self._stream(response, keep_alive, version, head)
+                else:
+                    accept = request.headers.get(b"accept-encoding", b"")
+                    answer = encode_response(response, accept, keep_alive, version, head)
+                    self.transport.write(answer)
                 if not keep_alive:
                     self.transport.close()
                     return
@@ -333,24 +335,49 @@ class _Connection(asyncio.Protocol):
         elif self.timer is None:
             self._start_timer()
 
-    async def _stream(self, response: HttpResponse, version: bytes, head_only: bool) -> None:
+    async def _stream(
+        self, response: HttpResponse, keep_alive: bool, version: bytes, head_only: bool
+    ) -> bool:
+        """Write a streamed answer, each chunk as it comes: chunked to an HTTP/1.1 client,
+        whose connection then serves its next request (clients such as requests' `iter_lines`
+        hand on a chunk as it arrives, but wait for a full buffer of a body that only the
+        close ends); an HTTP/1.0 client knows no chunks, and the close ends its body. Whether
+        the connection stays open."""
         assert self.transport is not None and response.stream is not None
+        chunked = version == b"1.1"
+        keep_alive = keep_alive and chunked
         status = response.status
         head = [b"HTTP/%s %d %s\r\n" % (version, status, REASONS.get(status, b""))]
         head += [b"%s: %s\r\n" % pair for pair in response.headers]
-        self.transport.write(b"".join([*head, b"connection: close\r\n\r\n"]))
+        if chunked:
+            head.append(b"transfer-encoding: chunked\r\n")
+        head.append(
+            b"connection: keep-alive\r\n\r\n" if keep_alive else b"connection: close\r\n\r\n"
+        )
+        self.transport.write(b"".join(head))
+        if head_only:
+            return keep_alive
+        chunks = aiter(response.stream)
         try:
-            if head_only:
-                return
-            chunks = aiter(response.stream)
             while (chunk := await self._next_chunk(chunks)) is not None:
                 if self.transport.is_closing():
-                    break
-                self.transport.write(chunk)
+                    return False
+                if not chunk:
+                    continue  # an empty chunk would end a chunked body
+                if chunked:
+                    self.transport.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
+                else:
+                    self.transport.write(chunk)
                 if self.writable is not None:  # the next chunk waits until the client reads
                     await self.writable
-        finally:
-            self.transport.close()
+        except Exception:
+            log.exception("a streamed answer failed: its connection is closed, body cut short")
+            return False
+        if self.transport.is_closing():  # the client went away (the stream was let go)
+            return False
+        if chunked:
+            self.transport.write(b"0\r\n\r\n")
+        return keep_alive
 
     async def _next_chunk(self, chunks: AsyncIterator[bytes]) -> bytes | None:
         """The stream's next chunk; None at its end, or once the client is gone: what the

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import os
 import queue
 import shutil
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
@@ -291,6 +293,36 @@ def test_a_closed_generate_stream_stops_the_model(service: Service, tmp_path: Pa
         assert response.status == 200
         assert response.readline().startswith(b"data: ")  # it runs
     wait_until(marker.exists, "the model to see its request cancelled")
+
+
+def test_generate_stream_sends_each_token_as_it_is_made_and_keeps_the_connection(
+    service: Service, tmp_path: Path
+) -> None:
+    """requests' iter_lines, the usual Python client: each token reaches it before the model
+    makes the next (the model waits for the cue this test gives once it has the token, so a
+    token held back until the end would never come), and the connection then serves on."""
+    cues = tmp_path / "cues"
+    os.mkfifo(cues)
+    cue = os.open(cues, os.O_RDWR)  # a writer from now on: the model's open does not wait
+    body = {"CUES": str(cues), "N": 3}
+    url = f"http://{service.http_url}/v2/models/on_cue/generate_stream"
+    try:
+        with requests.Session() as session:
+            with session.post(url, json=body, stream=True, timeout=(10, 60)) as response:
+                assert response.headers["transfer-encoding"] == "chunked"
+                assert response.headers["connection"] == "keep-alive"
+                address = response.raw.connection.sock.getsockname()
+                tokens = []
+                for line in response.iter_lines():
+                    if line:
+                        tokens.append(json.loads(line.removeprefix(b"data: "))["OUT"])
+                        os.write(cue, b"!")  # cue the next token
+            assert tokens == [0, 1, 2]
+            with session.get(f"http://{service.http_url}/v2/health/ready", stream=True) as again:
+                assert again.status_code == 200
+                assert again.raw.connection.sock.getsockname() == address
+    finally:
+        os.close(cue)
 
 
 NOT_ONE = (

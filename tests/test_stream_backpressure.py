@@ -161,6 +161,8 @@ def test_generate_stream_to_a_client_that_stops_reading_is_stopped(service: Serv
         while chunk := client.recv(1 << 20):
             received += chunk
     head, _, rest = bytes(received).partition(b"\r\n\r\n")
+    if b"transfer-encoding: chunked" in head:
+        rest = _unchunked(rest)
     if head.startswith(b"HTTP/1.1 400"):  # stopped before its first response was sent
         assert "not read" in json.loads(rest)["error"]
         return
@@ -170,3 +172,13 @@ def test_generate_stream_to_a_client_that_stops_reading_is_stopped(service: Serv
     assert len(delivered) < count
     assert [d["OUT"][0] for d in delivered] == [k % 256 for k in range(len(delivered))]
     assert "not read" in last["error"]
+
+
+def _unchunked(body: bytes) -> bytes:
+    """The data of a chunked body, as far as it came."""
+    data = bytearray()
+    while body:
+        size, _, body = body.partition(b"\r\n")
+        data += body[: int(size, 16)]
+        body = body[int(size, 16) + 2 :]
+    return bytes(data)
