@@ -407,5 +407,5 @@ async def test_open_loop_json_tensors_against_sluice(service: Service) -> None:
 
 async def test_unknown_model_is_a_clear_error(service: Service) -> None:
     settings = BenchSettings(url=service.http_url, model="no_such_model", concurrency=(1,))
-    with pytest.raises(BenchError, match="HTTP 400"):
+    with pytest.raises(BenchError, match="HTTP 404: Request for unknown model"):
         await bench(settings, lambda *_: None)
