@@ -155,10 +155,12 @@ class BatchStats:
     requests_ok: int = 0
     requests_failed: int = 0
     failure_reason: str = "BACKEND"
-    #: per request of the batch: time in queue, and from enqueue to answer
+    #: per request of the batch answered without an error: time in queue, and from enqueue
+    #: to answer (Triton samples successful requests only); per failed request, the latter.
     queue_samples_ns: list[int] = field(default_factory=list)
     request_samples_ns: list[int] = field(default_factory=list)
-    #: phase durations of the batch, counted once per request as Triton does
+    failed_samples_ns: list[int] = field(default_factory=list)
+    #: phase durations of the batch, counted once per successful request as Triton does
     input_ns: int = 0
     infer_ns: int = 0
     output_ns: int = 0
@@ -167,9 +169,22 @@ class BatchStats:
     early_answered: bool = False
     early_dropped: bool = False
 
+    def settle(self, enqueued_ns: Sequence[int], failed: Sequence[bool], finished_ns: int) -> None:
+        """Count the batch's requests (enqueued at `enqueued_ns`, `queue_samples_ns` already
+        taken for each) as answered at `finished_ns`: one answered with an error is a failure
+        with its duration alone, as Triton counts a request its backend failed."""
+        durations = [max(0, finished_ns - e) for e in enqueued_ns]
+        self.requests_failed = sum(failed)
+        self.requests_ok = len(failed) - self.requests_failed
+        self.failed_samples_ns = [d for d, bad in zip(durations, failed, strict=True) if bad]
+        self.request_samples_ns = [d for d, bad in zip(durations, failed, strict=True) if not bad]
+        self.queue_samples_ns = [
+            q for q, bad in zip(self.queue_samples_ns, failed, strict=True) if not bad
+        ]
+
     def increments(self) -> list[str | int]:
         v = self.version
-        ok, n = self.requests_ok, self.requests_ok + self.requests_failed
+        ok = self.requests_ok
         pairs: list[str | int] = [
             f"{v}:inference_count",
             self.batch_size,
@@ -178,21 +193,21 @@ class BatchStats:
             f"{v}:last_inference",
             self.last_inference_ms,
             f"{v}:queue_count",
-            n,
+            ok,
             f"{v}:queue_ns",
             sum(self.queue_samples_ns),
             f"{v}:compute_input_count",
-            n,
+            ok,
             f"{v}:compute_input_ns",
-            self.input_ns * n,
+            self.input_ns * ok,
             f"{v}:compute_infer_count",
-            n,
+            ok,
             f"{v}:compute_infer_ns",
-            self.infer_ns * n,
+            self.infer_ns * ok,
             f"{v}:compute_output_count",
-            n,
+            ok,
             f"{v}:compute_output_ns",
-            self.output_ns * n,
+            self.output_ns * ok,
             f"{v}:b{self.batch_size}:count",
             1,
             f"{v}:b{self.batch_size}:compute_input_ns",
@@ -214,6 +229,8 @@ class BatchStats:
             pairs += [
                 f"{v}:fail_count",
                 self.requests_failed,
+                f"{v}:fail_ns",
+                sum(self.failed_samples_ns),
                 f"{v}:failure:{self.failure_reason}",
                 self.requests_failed,
             ]

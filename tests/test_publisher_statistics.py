@@ -108,3 +108,16 @@ async def test_a_worker_folds_the_log_in_itself_once_it_holds_fold_at_records(
     assert folded[b"1:inference_count"] == str(2 * FOLD_AT).encode()
     assert folded[b"1:last_inference"] == str(1_000 + FOLD_AT - 1).encode()
     assert (await _stats(redis))[b"1:inference_count"] == str(2 * FOLD_AT + 2).encode()
+
+
+def test_a_request_answered_with_an_error_counts_as_a_failure_alone() -> None:
+    """As Triton counts a request its backend failed: the failure and its duration, no queue
+    or compute sample, while the batch's size still counts it."""
+    stats = BatchStats(1, 3, 0, queue_samples_ns=[5, 6, 7], infer_ns=100)
+    stats.settle([0, 10, 20], [False, True, False], finished_ns=50)
+    counts = dict(zip(stats.increments()[::2], stats.increments()[1::2], strict=True))
+    assert (counts["1:success_count"], counts["1:success_ns"]) == (2, 50 + 30)
+    assert (counts["1:fail_count"], counts["1:fail_ns"], counts["1:failure:BACKEND"]) == (1, 40, 1)
+    assert (counts["1:queue_count"], counts["1:queue_ns"]) == (2, 5 + 7)
+    assert (counts["1:compute_infer_count"], counts["1:compute_infer_ns"]) == (2, 200)
+    assert (counts["1:inference_count"], counts["1:execution_count"]) == (3, 1)

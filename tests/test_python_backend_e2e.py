@@ -3,8 +3,10 @@ tritonclient.http: batching, BYTES, BLS, errors, auto-complete, initialize/final
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
+import re
 import shutil
 import urllib.request
 from pathlib import Path
@@ -207,6 +209,60 @@ def test_a_per_request_error_answers_that_request_alone_with_tritons_status(
         error = _error(request)
         assert error.message() == f"mode {mode} is refused"
         assert error.status() == statuses[mode], mode
+
+
+def _errors_counts(client: httpclient.InferenceServerClient, url: str) -> dict[str, int]:
+    """The errors model's counters, from its statistics and from /metrics."""
+    stats = client.get_inference_statistics("errors")["model_stats"][0]
+    counts = {f"{k}.count": int(v["count"]) for k, v in stats["inference_stats"].items()}
+    counts["fail.ns"] = int(stats["inference_stats"]["fail"]["ns"])
+    counts["inference_count"] = int(stats["inference_count"])
+    counts["execution_count"] = int(stats["execution_count"])
+    text = urllib.request.urlopen(url).read().decode()
+    for name, labels in (
+        ("nv_inference_request_success", 'model="errors",version="1"'),
+        ("nv_inference_request_failure", 'model="errors",reason="BACKEND",version="1"'),
+    ):
+        found = re.search(rf"^{name}{{{labels}}} (\d+)", text, re.MULTILINE)
+        counts[name] = int(found.group(1)) if found else 0
+    return counts
+
+
+def test_per_request_errors_count_as_failures_as_triton_counts_them(
+    client: httpclient.InferenceServerClient, service: Service
+) -> None:
+    """Two of a batch of four answered with errors: Triton's python backend reports them as
+    failed requests (fail count and duration, nv_inference_request_failure{reason="BACKEND"}),
+    neither successes nor queue/compute samples, while the batch's size counts all four."""
+    url = f"http://{service.metrics_url}/metrics"
+    before = _errors_counts(client, url)
+    pending = _modes(client, [0, 1, 0, 3])
+    for request in pending:
+        with contextlib.suppress(InferenceServerException):
+            request.get_result()
+    wait_until(
+        lambda: (
+            _errors_counts(client, url)["nv_inference_request_failure"]
+            >= before["nv_inference_request_failure"] + 2
+        ),
+        "the batch's statistics",
+    )
+    after = _errors_counts(client, url)
+    delta = {k: after[k] - before[k] for k in after}
+    failed_ns = delta.pop("fail.ns")
+    assert {k: v for k, v in delta.items() if v} == {
+        "success.count": 2,
+        "fail.count": 2,
+        "queue.count": 2,
+        "compute_input.count": 2,
+        "compute_infer.count": 2,
+        "compute_output.count": 2,
+        "inference_count": 4,
+        "execution_count": 1,
+        "nv_inference_request_success": 2,
+        "nv_inference_request_failure": 2,
+    }
+    assert failed_ns > 0
 
 
 def test_over_grpc_a_per_request_error_has_tritons_grpc_status(service: Service) -> None:

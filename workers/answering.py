@@ -115,10 +115,8 @@ class Answering:
     ) -> None:
         lane, inline = launch.lane, launch.inline
         results = await self.instances.run_isolating(lane, requests, sizes, stats, running)
-        failed = sum(r.error is not None for r in results)
-        stats.requests_ok, stats.requests_failed = len(results) - failed, failed
-        finished = time.time_ns()
-        stats.request_samples_ns = [max(0, finished - r.enqueue_ns) for r in requests]
+        failed = [r.error is not None for r in results]
+        stats.settle([r.enqueue_ns for r in requests], failed, time.time_ns())
         if not inline:
             # the instance is free now: let the batch loop start the next batch before this
             # one's answers are encoded and written, which then overlap the next run
