@@ -100,6 +100,10 @@ class Result:
     final: bool = True
     #: the response's parameters for its client (bool, int or str values), if it has any.
     parameters: dict[str, ResponseParameter] | None = None
+    #: `error` is the model's own answer to the request (a Triton Python model's
+    #: `InferenceResponse(error=...)`), which Triton's statistics count as a success; it
+    #: stays with the worker, never on the wire.
+    answered_by_model: bool = False
 
 
 def _tensor_headers(tensors: Iterable[Tensor], blobs: list[Buffer]) -> list[list[Any]]:

@@ -216,6 +216,7 @@ def _errors_counts(client: httpclient.InferenceServerClient, url: str) -> dict[s
     stats = client.get_inference_statistics("errors")["model_stats"][0]
     counts = {f"{k}.count": int(v["count"]) for k, v in stats["inference_stats"].items()}
     counts["fail.ns"] = int(stats["inference_stats"]["fail"]["ns"])
+    counts["success.ns"] = int(stats["inference_stats"]["success"]["ns"])
     counts["inference_count"] = int(stats["inference_count"])
     counts["execution_count"] = int(stats["execution_count"])
     text = urllib.request.urlopen(url).read().decode()
@@ -228,41 +229,51 @@ def _errors_counts(client: httpclient.InferenceServerClient, url: str) -> dict[s
     return counts
 
 
-def test_per_request_errors_count_as_failures_as_triton_counts_them(
-    client: httpclient.InferenceServerClient, service: Service
-) -> None:
-    """Two of a batch of four answered with errors: Triton's python backend reports them as
-    failed requests (fail count and duration, nv_inference_request_failure{reason="BACKEND"}),
-    neither successes nor queue/compute samples, while the batch's size counts all four."""
-    url = f"http://{service.metrics_url}/metrics"
+def _batch_counts(
+    client: httpclient.InferenceServerClient, url: str, modes: list[int]
+) -> dict[str, int]:
+    """What one batch of the errors model (one request per mode) adds to its counters."""
     before = _errors_counts(client, url)
-    pending = _modes(client, [0, 1, 0, 3])
-    for request in pending:
+    for request in _modes(client, modes):
         with contextlib.suppress(InferenceServerException):
             request.get_result()
     wait_until(
-        lambda: (
-            _errors_counts(client, url)["nv_inference_request_failure"]
-            >= before["nv_inference_request_failure"] + 2
-        ),
+        lambda: _errors_counts(client, url)["execution_count"] > before["execution_count"],
         "the batch's statistics",
     )
     after = _errors_counts(client, url)
-    delta = {k: after[k] - before[k] for k in after}
-    failed_ns = delta.pop("fail.ns")
-    assert {k: v for k, v in delta.items() if v} == {
-        "success.count": 2,
-        "fail.count": 2,
-        "queue.count": 2,
-        "compute_input.count": 2,
-        "compute_infer.count": 2,
-        "compute_output.count": 2,
+    return {k: after[k] - before[k] for k in after if after[k] != before[k]}
+
+
+def test_errors_count_as_triton_2_51_counts_a_python_models(
+    client: httpclient.InferenceServerClient, service: Service
+) -> None:
+    """Read off tritonserver 2.51 on the same model: requests a Python model answers with
+    `InferenceResponse(error=...)` count as successes; an `execute` that raises fails its
+    call's requests, counted as failures (fail count and duration,
+    nv_inference_request_failure{reason="BACKEND"}) with no queue or compute samples, while
+    the batch's size still counts them."""
+    url = f"http://{service.metrics_url}/metrics"
+    answered = _batch_counts(client, url, [0, 1, 0, 3])
+    answered.pop("success.ns", None)
+    assert answered == {
+        "success.count": 4,
+        "queue.count": 4,
+        "compute_input.count": 4,
+        "compute_infer.count": 4,
+        "compute_output.count": 4,
         "inference_count": 4,
         "execution_count": 1,
-        "nv_inference_request_success": 2,
-        "nv_inference_request_failure": 2,
+        "nv_inference_request_success": 4,
     }
-    assert failed_ns > 0
+    failed = _batch_counts(client, url, [0, 9, 0, 0])
+    assert failed.pop("fail.ns") > 0
+    assert failed == {
+        "fail.count": 4,
+        "inference_count": 4,
+        "execution_count": 1,
+        "nv_inference_request_failure": 4,
+    }
 
 
 def test_over_grpc_a_per_request_error_has_tritons_grpc_status(service: Service) -> None:

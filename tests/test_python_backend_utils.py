@@ -25,7 +25,7 @@ from sluice.workers.backends import load_instance
 from sluice.workers.instances import Instances
 from sluice.workers.python_backend import pb_utils
 from sluice.workers.python_backend.errors import from_sluice_code, to_sluice
-from sluice.workers.python_backend.instance import TritonInstance
+from sluice.workers.python_backend.instance import Answered, TritonInstance
 from sluice.workers.python_backend.loading import complete_config, initialize_args
 from sluice.workers.python_backend.messages import response_from_result
 from sluice.workers.python_backend.tensors import to_wire
@@ -342,6 +342,8 @@ def _instance(tmp_path: Path, kind: str = "") -> TritonInstance:
 
 
 def _values(answer: object) -> object:
+    if isinstance(answer, Answered) and answer.error is not None:
+        return ("model's", type(answer.error).__name__, str(answer.error))
     if isinstance(answer, Exception):
         return (type(answer).__name__, str(answer))
     assert isinstance(answer, list)
@@ -352,7 +354,7 @@ def _values(answer: object) -> object:
 def test_each_request_gets_its_own_answer(tmp_path: Path, kind: str) -> None:
     instance = _instance(tmp_path, kind)
     answers = instance.run([int_request(i, "r") for i in (2, 3, 4)], lambda: None)
-    assert [_values(a) for a in answers] == [[[3]], ("InvalidInput", "odd"), [[5]]]
+    assert [_values(a) for a in answers] == [[[3]], ("model's", "InvalidInput", "odd"), [[5]]]
     assert instance.model.calls == [3]
     instance.close()
 

@@ -115,7 +115,8 @@ class Answering:
     ) -> None:
         lane, inline = launch.lane, launch.inline
         results = await self.instances.run_isolating(lane, requests, sizes, stats, running)
-        failed = [r.error is not None for r in results]
+        # a model's own error answer counts as a success, as Triton's statistics count it
+        failed = [r.error is not None and not r.answered_by_model for r in results]
         stats.settle([r.enqueue_ns for r in requests], failed, time.time_ns())
         if not inline:
             # the instance is free now: let the batch loop start the next batch before this

@@ -178,5 +178,8 @@ def _result(request: Request, answer: list[Tensor] | Answered | SluiceError) -> 
     if isinstance(answer, SluiceError):
         return Result(request.id, error=(answer.code, answer.message))
     if isinstance(answer, Answered):
-        return Result(request.id, answer.outputs, parameters=answer.parameters)
+        if answer.error is not None:
+            failure = (answer.error.code, answer.error.message)
+            return Result(request.id, error=failure, answered_by_model=True)
+        return Result(request.id, answer.outputs, parameters=answer.parameters or None)
     return Result(request.id, answer)

@@ -25,7 +25,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,14 +50,16 @@ LOOP_STOP_TIMEOUT_S = 5.0
 
 @dataclass(slots=True)
 class Answered:
-    """A response's outputs and the parameters its model set for the client."""
+    """A response's outputs and the parameters its model set for the client, or the error
+    the model answered the request with."""
 
     outputs: list[WireTensor]
-    parameters: dict[str, ResponseParameter]
+    parameters: dict[str, ResponseParameter] = field(default_factory=dict)
+    error: SluiceError | None = None
 
 
-#: a request's outputs (with its parameters, when the model set any), or the error that
-#: answers it.
+#: a request's outputs (Answered: with its parameters, or the model's own error), or the
+#: error of a call that failed.
 Answer = list[WireTensor] | Answered | SluiceError
 
 
@@ -159,7 +161,9 @@ class TritonInstance:
             if isinstance(answer, SluiceError):
                 responses.send_tensors(request, [], answer, final)
             elif isinstance(answer, Answered):
-                responses.send_tensors(request, answer.outputs, None, final, answer.parameters)
+                responses.send_tensors(
+                    request, answer.outputs, answer.error, final, answer.parameters
+                )
             else:
                 responses.send_tensors(request, answer, None, final)
 
@@ -211,7 +215,7 @@ class TritonInstance:
     def _answer(self, request: Request, response: InferenceResponse) -> Answer:
         error = response.error()
         if error is not None:
-            return to_sluice(error)
+            return Answered([], error=to_sluice(error))
         wanted = self._all_outputs if request.outputs is None else request.outputs
         try:
             outputs = [
