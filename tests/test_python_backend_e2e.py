@@ -162,6 +162,26 @@ def test_a_decoupled_bls_call_streams_every_response(
     assert (config["backend"], [i["name"] for i in config["input"]]) == ("python", ["IN"])
 
 
+def test_a_decoupled_models_response_stats_stay_empty_as_tritons_python_backend_leaves_them(
+    client: httpclient.InferenceServerClient, service: Service
+) -> None:
+    """tritonserver 2.51 on a decoupled Python model that sent responses: response_stats {}
+    (its Python backend reports no per-response statistics), over HTTP and gRPC alike."""
+    client.infer("bls_decoupled", [_input("IN", np.array([2], np.int32), "INT32")])
+    wait_until(
+        lambda: (
+            client.get_inference_statistics("square_decoupled")["model_stats"][0]["execution_count"]
+            > 0
+        ),
+        "square_decoupled's statistics",
+    )
+    stats = client.get_inference_statistics("square_decoupled")["model_stats"][0]
+    assert stats["response_stats"] == {}
+    with grpcclient.InferenceServerClient(service.grpc_url) as grpc:
+        (model,) = grpc.get_inference_statistics("square_decoupled").model_stats
+    assert model.execution_count > 0 and len(model.response_stats) == 0
+
+
 def test_a_failed_decoupled_bls_call_is_an_error_response(
     client: httpclient.InferenceServerClient,
 ) -> None:
