@@ -3,6 +3,7 @@ tritonclient.http: batching, BYTES, BLS, errors, auto-complete, initialize/final
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import queue
@@ -17,6 +18,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from sluice.client import AsyncClient, Client, RedisClient
+from sluice.client import errors as sdk_errors
 from tests.backend_models import serving_fixtures
 from tests.conftest import (
     HERE,
@@ -180,6 +183,27 @@ def test_a_decoupled_models_response_stats_stay_empty_as_tritons_python_backend_
     with grpcclient.InferenceServerClient(service.grpc_url) as grpc:
         (model,) = grpc.get_inference_statistics("square_decoupled").model_stats
     assert model.execution_count > 0 and len(model.response_stats) == 0
+
+
+def test_the_sdks_job_readers_return_every_response_of_a_decoupled_job(service: Service) -> None:
+    """`Job.responses()` (HTTP, asyncio, straight to Redis): each response in order, the
+    flag-only final one left out; `result()` is the last one; an error response raises."""
+    inputs = {"IN": np.array([3], np.int32)}
+    with Client(service.http_url) as sdk, RedisClient(service.redis_url) as direct:
+        jobs = [sdk.submit("countdown", inputs), direct.submit("countdown", inputs)]
+        for job in jobs:
+            assert [r["OUT"].tolist() for r in job.responses(timeout=60)] == [[2], [1], [0]]
+            assert job.result(timeout=60)["OUT"].tolist() == [0]
+        for job in (sdk.submit("countdown", {"IN": np.array([-1], np.int32)}),):
+            with pytest.raises(sdk_errors.SluiceClientError, match="below zero"):
+                job.responses(timeout=60)
+
+    async def read() -> list[list[int]]:
+        async with AsyncClient(service.http_url) as client:
+            job = await client.submit("countdown", {"IN": np.array([2], np.int32)})
+            return [r["OUT"].tolist() for r in await job.responses(timeout=60)]
+
+    assert asyncio.run(read()) == [[1], [0]]
 
 
 def test_a_failed_decoupled_bls_call_is_an_error_response(

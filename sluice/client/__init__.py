@@ -8,6 +8,7 @@
     job = client.submit("mlp", {"INPUT__0": x}, job_id="a1")  # returns at once
     job.status()                                              # "queued" | "done" | "failed"
     outputs = job.result(timeout=30)
+    every = job.responses(timeout=30)                         # a decoupled model's, in order
     for job in as_completed([client.submit(...) for ...]): ...
 
 `AsyncClient` offers the same with `await`; `RedisClient` submits jobs straight to Redis.
@@ -26,7 +27,14 @@ import orjson
 
 from . import errors
 from ._http import AsyncTransport, Endpoint, SyncTransport
-from ._wire import Tensorish, TensorKind, as_kind, decode_response, encode_request
+from ._wire import (
+    Tensorish,
+    TensorKind,
+    as_kind,
+    decode_job_responses,
+    decode_response,
+    encode_request,
+)
 from .direct import RedisClient, RedisJob
 from .errors import JobTimeout, SluiceClientError
 
@@ -74,6 +82,11 @@ def _cancelled(response: tuple[int, dict[str, str], bytes]) -> bool:
     if status >= 400:
         decode_response(status, headers, body)  # raises the typed error (404, ...)
     return True
+
+
+def _last(responses: list[Outputs]) -> Outputs:
+    """A job's result: its last response's outputs (none for a decoupled job that sent none)."""
+    return responses[-1] if responses else {}
 
 
 def _next_wait(deadline: float | None) -> float:
@@ -159,7 +172,13 @@ class Job:
         return _status(self.client._http.request("GET", f"/v2/jobs/{self.id}"))
 
     def result(self, timeout: float | None = None) -> Outputs:
-        """Wait for the outputs (long-polling the gateway); raises the job's error if it failed."""
+        """Wait for the outputs (long-polling the gateway); raises the job's error if it failed.
+        A decoupled model's job: its last response's (`responses` gives them all)."""
+        return _last(self.responses(timeout))
+
+    def responses(self, timeout: float | None = None) -> list[Outputs]:
+        """Wait for the job to finish: every response of a decoupled model's job in order
+        (zero or more), an ordinary job's one; raises the job's (or a response's) error."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             wait = _next_wait(deadline)
@@ -167,7 +186,8 @@ class Job:
                 "GET", f"/v2/jobs/{self.id}?wait={wait:.3f}", timeout_s=wait + 30
             )
             if status != 202:
-                return as_kind(decode_response(status, headers, body), self.client._tensors)
+                decoded = decode_job_responses(status, headers, body)
+                return [as_kind(outputs, self.client._tensors) for outputs in decoded]
             if deadline is not None and time.monotonic() >= deadline:
                 raise JobTimeout(f"job {self.id} not finished after {timeout} s")
 
@@ -263,6 +283,9 @@ class AsyncJob:
         return _status(await self.client._http.request("GET", f"/v2/jobs/{self.id}"))
 
     async def result(self, timeout: float | None = None) -> Outputs:
+        return _last(await self.responses(timeout))
+
+    async def responses(self, timeout: float | None = None) -> list[Outputs]:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             wait = _next_wait(deadline)
@@ -270,7 +293,8 @@ class AsyncJob:
                 "GET", f"/v2/jobs/{self.id}?wait={wait:.3f}", timeout_s=wait + 30
             )
             if status != 202:
-                return as_kind(decode_response(status, headers, body), self.client._tensors)
+                decoded = decode_job_responses(status, headers, body)
+                return [as_kind(outputs, self.client._tensors) for outputs in decoded]
             if deadline is not None and time.monotonic() >= deadline:
                 raise JobTimeout(f"job {self.id} not finished after {timeout} s")
 

@@ -101,8 +101,30 @@ def decode_response(status: int, headers: Mapping[str, str], body: bytes) -> dic
         raise error_for_status(status, _message(body))
     length = headers.get(HEADER_LENGTH.lower())
     end = int(length) if length is not None else len(body)
-    header = orjson.loads(body[:end])
-    offset, outputs = end, {}
+    return _outputs(orjson.loads(body[:end]), body, end)
+
+
+def decode_job_responses(
+    status: int, headers: Mapping[str, str], body: bytes
+) -> list[dict[str, np.ndarray]]:
+    """A finished job's responses: a decoupled model's, in order (`"responses"`, each with
+    its outputs as JSON), or an ordinary job's one; the first error raises (a response's own
+    error as the model's failure, 500)."""
+    if status == 200 and HEADER_LENGTH.lower() not in headers:  # all JSON
+        answer = orjson.loads(body)
+        if isinstance(answer, dict) and "responses" in answer:
+            decoded = []
+            for response in answer["responses"]:
+                if "error" in response:
+                    raise error_for_status(500, str(response["error"]))
+                decoded.append(_outputs(response, b"", 0))
+            return decoded
+    return [decode_response(status, headers, body)]
+
+
+def _outputs(header: Mapping[str, Any], body: bytes, offset: int) -> dict[str, np.ndarray]:
+    """The arrays of an infer response's JSON `header`, binary ones read from `body` on."""
+    outputs = {}
     for item in header["outputs"]:
         shape, datatype = item["shape"], item["datatype"]
         size = (item.get("parameters") or {}).get("binary_data_size")

@@ -128,6 +128,12 @@ class RedisClient:
     def close(self) -> None:
         self.redis.close()
 
+    def __enter__(self) -> RedisClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 class RedisJob:
     def __init__(self, client: RedisClient, job_id: str, model: str) -> None:
@@ -135,36 +141,49 @@ class RedisJob:
         self.id = job_id
         self.model = model
 
-    def _result(self, block_ms: int = 0) -> Result | None:
+    def _results(self, block_ms: int = 0) -> list[Result] | None:
+        """The job's answers once it finished (None before): its one result, or a decoupled
+        model's responses in order, each once, the flag-only final one left out."""
         stream = keys.job_stream(self.id)
-        entries = self.client.redis.xrange(stream, count=2)
+        entries = self.client.redis.xrange(stream)
         if not entries:
             raise JobNotFound(404, f"job '{self.id}' is unknown or expired")
-        if len(entries) == 1 and block_ms:
-            self.client.redis.xread({stream: entries[0][0]}, block=block_ms)
-            entries = self.client.redis.xrange(stream, count=2)
-        return decode_results(entries[1][1])[0] if len(entries) > 1 else None
+        finished = _finished(entries[1:])
+        if finished is None and block_ms:
+            self.client.redis.xread({stream: entries[-1][0]}, block=block_ms)
+            finished = _finished(self.client.redis.xrange(stream)[1:])
+        return finished
 
     def status(self) -> str:
-        result = self._result()
-        if result is None:
+        results = self._results()
+        if results is None:
             return "queued"
-        return "done" if result.error is None else "failed"
+        return "done" if all(r.error is None for r in results) else "failed"
 
     def result(self, timeout: float | None = None) -> dict[str, Any]:
+        """The outputs (a decoupled model's job: its last response's); raises its error."""
+        responses = self.responses(timeout)
+        return responses[-1] if responses else {}
+
+    def responses(self, timeout: float | None = None) -> list[dict[str, Any]]:
+        """Every response of a decoupled model's job in order, an ordinary job's one; the
+        first error raises."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = _BLOCK_S if deadline is None else max(0.001, deadline - time.monotonic())
-            result = self._result(block_ms=int(min(left, _BLOCK_S) * 1000))
-            if result is not None:
+            results = self._results(block_ms=int(min(left, _BLOCK_S) * 1000))
+            if results is not None:
                 break
             if deadline is not None and time.monotonic() >= deadline:
                 raise JobTimeout(f"job {self.id} not finished after {timeout} s")
-        if result.error is not None:
-            error = error_from_code(*result.error)
-            raise error_for_status(error.http_status, error.message)
-        outputs = {t.name: array_of(t.datatype, t.shape, t.data) for t in result.outputs}
-        return as_kind(outputs, self.client.tensors)
+        answers = []
+        for result in results:
+            if result.error is not None:
+                error = error_from_code(*result.error)
+                raise error_for_status(error.http_status, error.message)
+            outputs = {t.name: array_of(t.datatype, t.shape, t.data) for t in result.outputs}
+            answers.append(as_kind(outputs, self.client.tensors))
+        return answers
 
     def cancel(self) -> bool:
         fields = encode_results(
@@ -178,3 +197,23 @@ class RedisJob:
             self.client.redis.publish(keys.cancel_channel(self.model), self.id)
             self.client.redis.publish(keys.job_channel(self.id), job_event(self.id, "cancelled"))
         return outcome == 1
+
+
+def _finished(entries: list[tuple[bytes, dict[bytes, bytes]]]) -> list[Result] | None:
+    """The answers in a job stream's result entries once the job finished, else None."""
+    streamed: dict[int, Result] = {}
+    last = None
+    for _, fields in entries:
+        for result in decode_results(fields):
+            if result.seq is None:  # one answer (or refused, cancelled): it ends the job
+                return [streamed[s] for s in sorted(streamed)] + [result]
+            streamed.setdefault(result.seq, result)
+            if result.final:
+                last = result.seq
+    if last is None or not all(s in streamed for s in range(last + 1)):
+        return None
+    return [
+        streamed[s]
+        for s in range(last + 1)
+        if streamed[s].outputs or streamed[s].error is not None or not streamed[s].final
+    ]
