@@ -32,6 +32,22 @@ NOT_EXPLICIT = (
 )
 
 
+_FP32, _INT32 = {"data_type": "TYPE_FP32", "dims": [4]}, {"data_type": "TYPE_INT32", "dims": [1]}
+#: add_sub's config, with batches of two at most.
+ADD_SUB_BY_TWO = json.dumps(
+    {
+        "backend": "python",
+        "max_batch_size": 2,
+        "input": [{"name": "INPUT0", **_FP32}, {"name": "INPUT1", **_FP32}],
+        "output": [
+            {"name": "OUTPUT0", **_FP32},
+            {"name": "OUTPUT1", **_FP32},
+            {"name": "REQUESTS", **_INT32},
+        ],
+    }
+)
+
+
 @pytest.fixture(scope="module")
 def explicit(
     scratch_redis: EmbeddedRedis | EmbeddedCluster, tmp_path_factory: pytest.TempPathFactory
@@ -96,19 +112,7 @@ def test_a_model_loads_and_unloads_another_fleet_wide(
 def test_a_load_with_a_config_override_serves_that_config(
     client: httpclient.InferenceServerClient,
 ) -> None:
-    tensors = [{"data_type": "TYPE_FP32", "dims": [4]}] * 2
-    outputs = [*tensors, {"data_type": "TYPE_INT32", "dims": [1]}]
-    config = json.dumps(
-        {
-            "backend": "python",
-            "max_batch_size": 2,
-            "input": [{"name": n, **t} for n, t in zip(("INPUT0", "INPUT1"), tensors, strict=True)],
-            "output": [
-                {"name": n, **t}
-                for n, t in zip(("OUTPUT0", "OUTPUT1", "REQUESTS"), outputs, strict=True)
-            ],
-        }
-    )
+    config = ADD_SUB_BY_TWO
     assert control(client, "load", "add_sub", config) == "ok"
     # the gateways take the new config from the workers' records (within a heartbeat)
     wait_until(
@@ -119,6 +123,20 @@ def test_a_load_with_a_config_override_serves_that_config(
         "the override served",
     )
     assert control(client, "unload", "add_sub") == "ok"
+
+
+def test_a_load_with_files_serves_a_model_no_repository_holds(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    assert control(client, "load_files", "fresh", ADD_SUB_BY_TWO) == "ok"
+    wait_until(lambda: client.is_model_ready("fresh"), "the gateway serving it")
+    inputs = []
+    for name in ("INPUT0", "INPUT1"):
+        tensor = httpclient.InferInput(name, [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+        inputs.append(tensor)
+    assert client.infer("fresh", inputs).as_numpy("OUTPUT0").tolist() == [[2.0] * 4]
+    assert control(client, "unload", "fresh") == "ok"
 
 
 def test_failed_loads_raise_tritons_errors(client: httpclient.InferenceServerClient) -> None:

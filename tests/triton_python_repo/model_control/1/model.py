@@ -1,6 +1,9 @@
-# Triton's model loading API from a model: ACTION load / unload / unload_dependents / ready on
-# TARGET (CONFIG: a load's config override, "" for none); RESULT is "ok", the readiness, or
-# the TritonModelException's message.
+# Triton's model loading API from a model: ACTION load / load_files / unload /
+# unload_dependents / ready on TARGET (CONFIG: a load's config override, "" for none;
+# load_files: with add_sub's model.py as the override's file); RESULT is "ok", the readiness,
+# or the TritonModelException's message.
+from pathlib import Path
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -17,6 +20,12 @@ class TritonPythonModel:
             try:
                 if action == "load":
                     pb_utils.load_model(model_name=target, config=_text(request, "CONFIG"))
+                    result = "ok"
+                elif action == "load_files":
+                    source = Path(pb_utils.get_model_dir()).parents[1] / "add_sub" / "1"
+                    files = {"file:1/model.py": (source / "model.py").read_bytes()}
+                    config = _text(request, "CONFIG")
+                    pb_utils.load_model(model_name=target, config=config, files=files)
                     result = "ok"
                 elif action.startswith("unload"):
                     dependents = action == "unload_dependents"
