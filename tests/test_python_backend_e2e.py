@@ -466,6 +466,19 @@ def test_response_parameters_reach_the_client_typed_over_http_and_grpc(
         assert params["model"].string_param == "params"
 
 
+def test_a_decoupled_models_responses_carry_their_own_parameters(service: Service) -> None:
+    tensor = grpcclient.InferInput("IN", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([2], np.int32))
+    streamed: queue.Queue[object] = queue.Queue()
+    with grpcclient.InferenceServerClient(service.grpc_url) as grpc:
+        grpc.start_stream(lambda result, error: streamed.put(error or result))
+        grpc.async_stream_infer("countdown", [tensor])
+        sent = [streamed.get(timeout=60) for _ in range(2)]
+        grpc.stop_stream()
+    left = [r.get_response().parameters["left"].int64_param for r in sent]  # type: ignore[attr-defined]
+    assert left == [1, 0]
+
+
 def test_a_decoupled_model_is_served_and_http_infer_refuses_it(
     client: httpclient.InferenceServerClient,
 ) -> None:
