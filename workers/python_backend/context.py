@@ -24,11 +24,22 @@ class Instance:
     """Stands for one model instance while its code runs: the metric families it creates go
     with it (custom_metrics.release), as they go with a Triton stub process."""
 
-    __slots__ = ("__weakref__",)
+    __slots__ = ("__weakref__", "name")
+
+    def __init__(self, name: str = "") -> None:
+        #: Triton's instance name (`model_instance_name`), which Triton's messages name.
+        self.name = name
 
 
 #: the instance whose code runs.
 instance: contextvars.ContextVar[Instance | None] = contextvars.ContextVar("instance", default=None)
+
+
+def current_instance_name() -> str:
+    """The running instance's name as Triton's messages give it (its model's name if it has
+    none); "" outside a model's calls."""
+    running_instance = instance.get()
+    return (running_instance.name if running_instance is not None else "") or current_model()
 
 
 @contextmanager

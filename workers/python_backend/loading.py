@@ -109,7 +109,7 @@ def triton_instance(
 ) -> TritonInstance:
     """Build and initialize the model object of instance `index` (ModelConfigError if not)."""
     args = initialize_args(spec, model_dir, version, device, index)
-    owner = Instance()
+    owner = Instance(args["model_instance_name"])
     try:
         with running(path.parent, owner):
             model = model_class()

@@ -19,7 +19,7 @@ from sluice.shared.errors import SluiceError, Unavailable
 from sluice.shared.model_loads import load_checked, unload_checked
 from sluice.shared.redis_client import REDIS_ERRORS, AsyncClient, async_client
 from sluice.shared.repository_control import NOT_EXPLICIT
-from sluice.workers.python_backend.context import current_model
+from sluice.workers.python_backend.context import current_instance_name
 from sluice.workers.python_backend.errors import TritonModelException
 
 #: how long a load waits for the fleet (as long as a BLS call waits for its answer).
@@ -57,7 +57,7 @@ def unload_model(model_name: str, unload_dependents: bool = False) -> None:
 
 
 def _control(what: str, action: Callable[[AsyncClient], Awaitable[None]]) -> None:
-    caller = current_model()
+    caller = current_instance_name()
     try:
         if _control_mode != "explicit" or _redis_url is None:
             raise Unavailable(NOT_EXPLICIT)
