@@ -110,6 +110,15 @@ def test_a_model_loads_and_unloads_another_fleet_wide(
     assert index["model_control"]["state"] == "READY"
 
 
+def test_readiness_read_before_a_load_is_not_kept_past_it(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    """As Triton's model loading example does: not ready, so load it; ready right after."""
+    assert control(client, "ready_load_ready", "add_sub") == "False->True"
+    assert control(client, "unload", "add_sub") == "ok"
+    assert control(client, "ready", "add_sub") == "False"
+
+
 def test_a_load_with_a_config_override_serves_that_config(
     client: httpclient.InferenceServerClient,
 ) -> None:

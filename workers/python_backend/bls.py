@@ -41,6 +41,7 @@ from sluice.shared.queue_policy import QueuePolicy
 from sluice.shared.redis_client import REDIS_ERRORS, async_client, initialized
 from sluice.shared.redis_wire import Wire, stream_entries, xadd
 from sluice.shared.registry import decode_model_record
+from sluice.shared.repository_control import decode_desired
 from sluice.shared.transaction_policy import is_decoupled
 
 log = logging.getLogger(__name__)
@@ -112,6 +113,14 @@ def submit_streamed(call: BlsCall) -> StreamedResults:
 def is_ready(model: str, version: int) -> bool:
     """Whether `model` (its `version`; 0: its latest) is ready somewhere in the fleet."""
     return _shared_client().is_ready(model, version)
+
+
+def forget(model: str) -> None:
+    """Read `model`'s record afresh on the next call (it was just loaded or unloaded)."""
+    with _lock:
+        client = _client
+    if client is not None:
+        client.forget(model)
 
 
 def _shared_client() -> BlsClient:
@@ -209,6 +218,10 @@ class BlsClient:
             self._reader = asyncio.create_task(self._read_replies())
         await self._connected  # before this call and the others use the client together
 
+    def forget(self, model: str) -> None:
+        """Drop `model`'s cached record (before any call made after this one reads it)."""
+        self._loop.call_soon_threadsafe(self._targets.pop, model, None)
+
     def is_ready(self, model: str, version: int) -> bool:
         """Whether the fleet serves `model` (its `version`; 0: any), as its record says."""
         return asyncio.run_coroutine_threadsafe(self._is_ready(model, version), self._loop).result()
@@ -269,13 +282,17 @@ class BlsClient:
             raise Unavailable(queue_full(request.id))
 
     async def _target(self, model: str) -> _Target:
-        """The model's record, as every gateway's model table reads it."""
+        """The model's record, as every gateway's model table reads it: a model unloaded on
+        purpose is not ready from its unload on, while its workers finish it."""
         now = time.monotonic()
         known = self._targets.get(model)
         if known is not None and now - known.read_at < RECORD_TTL_S:
             return known
         raw = await self._redis.hget(keys.MODELS, model)
         record = decode_model_record(raw) if raw is not None else {}
+        wanted = await self._redis.hget(keys.DESIRED, model)
+        if wanted is not None and not decode_desired(wanted).loaded:
+            record = {}
         target = _Target(record.get("config"), list(record.get("versions") or []), now)
         self._targets[model] = target
         return target

@@ -1,4 +1,4 @@
-# Triton's model loading API from a model: ACTION load / load_files / unload /
+# Triton's model loading API from a model: ACTION load / ready_load_ready / load_files / unload /
 # unload_dependents / ready on TARGET (CONFIG: a load's config override, "" for none;
 # load_files: with add_sub's model.py as the override's file); RESULT is "ok", the readiness,
 # or the TritonModelException's message.
@@ -21,6 +21,10 @@ class TritonPythonModel:
                 if action == "load":
                     pb_utils.load_model(model_name=target, config=_text(request, "CONFIG"))
                     result = "ok"
+                elif action == "ready_load_ready":  # Triton's example: load it unless ready
+                    before = pb_utils.is_model_ready(model_name=target)
+                    pb_utils.load_model(model_name=target)
+                    result = f"{before}->{pb_utils.is_model_ready(model_name=target)}"
                 elif action == "load_files":
                     source = Path(pb_utils.get_model_dir()).parents[1] / "add_sub" / "1"
                     files = {"file:1/model.py": (source / "model.py").read_bytes()}
