@@ -23,7 +23,7 @@ from sluice.gateway.outbox import Route
 from sluice.gateway.restricted_apis import Restrictions
 from sluice.shared import keys
 from sluice.shared.bulk import BulkStatus
-from sluice.shared.ensemble import composing_models, is_ensemble
+from sluice.shared.ensemble import is_ensemble
 from sluice.shared.errors import (
     InvalidInput,
     ModelNotFound,
@@ -39,6 +39,7 @@ from sluice.shared.jobs import MAX_BULK_JOBS, MAX_JOBS
 from sluice.shared.model_loads import (
     check_load,
     failed_to_poll,
+    load_composing,
     load_fleet_wide,
     unload_fleet_wide,
 )
@@ -185,24 +186,16 @@ class GatewayCore:
         if not files and name not in self.table.repository:
             raise failed_to_poll(name)
         timeout_s, most = self.limits.request_timeout_s, self.limits.max_override_models
-        await load_fleet_wide(self.dispatcher.redis, name, config_json, files, timeout_s, most)
-        await self._refresh()  # its config (batching, signature) as of this load, here at once
-        steps, seen = self._steps(name), {name}
-        while steps:
-            step = steps.pop(0)
-            if step in seen:
-                continue
-            seen.add(step)
-            view = self.table.models.get(step)
-            if view is None or not view.ready:
-                await load_fleet_wide(self.dispatcher.redis, step, None, None, timeout_s, most)
-                await self._refresh()
-            steps += self._steps(step)
+        redis = self.dispatcher.redis
+        await load_fleet_wide(redis, name, config_json, files, timeout_s, most)
+        await load_composing(redis, name, self._look, timeout_s, most)
 
-    def _steps(self, name: str) -> list[str]:
-        """The composing models of `name` if it is an ensemble whose config is known here."""
-        config = self._config_of(name)
-        return composing_models(config) if config is not None and is_ensemble(config) else []
+    async def _look(self, name: str) -> tuple[dict[str, Any] | None, bool]:
+        """The model as this gateway serves it once its table is fresh: its config (here at
+        once, as of a load just made) and whether it is ready."""
+        await self._refresh()
+        view = self.table.models.get(name)
+        return (view.config, view.ready) if view is not None else (None, False)
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         """Unload the model fleet-wide; returns at once (Triton's UNLOADING), the workers finish

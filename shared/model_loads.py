@@ -14,12 +14,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
 from sluice.shared import keys
-from sluice.shared.ensemble import collect_configs
+from sluice.shared.ensemble import collect_configs, composing_models, is_ensemble
 from sluice.shared.errors import InvalidInput, SluiceError, Unavailable
 from sluice.shared.redis_client import AsyncClient
 from sluice.shared.registry import READY, Member, decode_model_record, live_members, now_ms
@@ -132,6 +132,43 @@ async def load_fleet_wide(
         await asyncio.sleep(LOAD_POLL_S)
 
 
+#: a model's config and whether the fleet serves it, as whoever loads it sees them now.
+Look = Callable[[str], Awaitable[tuple[Mapping[str, Any] | None, bool]]]
+
+
+async def load_composing(
+    redis: AsyncClient, name: str, look: Look, timeout_s: float, max_file_models: int = 0
+) -> None:
+    """After loading `name`: if it is an ensemble, load its composing models not ready yet
+    (nested ones' too), as Triton loads an ensemble's steps with it."""
+    steps, seen = _steps((await look(name))[0]), {name}
+    while steps:
+        step = steps.pop(0)
+        if step in seen:
+            continue
+        seen.add(step)
+        config, ready = await look(step)
+        if not ready:
+            await load_fleet_wide(redis, step, None, None, timeout_s, max_file_models)
+            config, _ = await look(step)
+        steps += _steps(config)
+
+
+def _steps(config: Mapping[str, Any] | None) -> list[str]:
+    return composing_models(config) if config is not None and is_ensemble(config) else []
+
+
+async def fleet_look(redis: AsyncClient, name: str) -> tuple[Mapping[str, Any] | None, bool]:
+    """A model's config as its workers announced it, and whether one of them has it ready."""
+    raw = await redis.hget(keys.MODELS, name)
+    config = decode_model_record(cast("bytes", raw)).get("config") if raw is not None else None
+    ready = any(
+        (status := w.models.get(name)) is not None and status.ready_versions
+        for w in await live_workers(redis)
+    )
+    return config, ready
+
+
 async def live_workers(redis: AsyncClient) -> list[Member]:
     """The workers whose heartbeats are current."""
     fleet = await redis.hgetall(keys.FLEET)
@@ -152,6 +189,7 @@ async def load_checked(
     if not files and not any(name in w.repository for w in await live_workers(redis)):
         raise failed_to_poll(name)
     await load_fleet_wide(redis, name, config_json, files, timeout_s)
+    await load_composing(redis, name, lambda model: fleet_look(redis, model), timeout_s)
 
 
 async def unload_fleet_wide(

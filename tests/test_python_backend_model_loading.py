@@ -49,6 +49,24 @@ ADD_SUB_BY_TWO = json.dumps(
 )
 
 
+#: an ensemble whose one step is add_sub.
+ENSEMBLE = """
+name: "add_sub_ens"
+platform: "ensemble"
+max_batch_size: 8
+input [
+  { name: "A", data_type: TYPE_FP32, dims: [ 4 ] },
+  { name: "B", data_type: TYPE_FP32, dims: [ 4 ] }
+]
+output [ { name: "SUM", data_type: TYPE_FP32, dims: [ 4 ] } ]
+ensemble_scheduling { step [ {
+  model_name: "add_sub" model_version: -1
+  input_map { key: "INPUT0" value: "A" } input_map { key: "INPUT1" value: "B" }
+  output_map { key: "OUTPUT0" value: "SUM" }
+} ] }
+"""
+
+
 @pytest.fixture(scope="module")
 def explicit(
     scratch_redis: EmbeddedRedis | EmbeddedCluster, tmp_path_factory: pytest.TempPathFactory
@@ -64,6 +82,8 @@ def explicit(
     shutil.copytree(MODELS / "add_sub", broken)
     config = (broken / "config.pbtxt").read_text().replace('"add_sub"', '"broken"')
     (broken / "config.pbtxt").write_text(config.replace("max_batch_size: 8", "max_batch_size: -8"))
+    (repo / "add_sub_ens" / "1").mkdir(parents=True)
+    (repo / "add_sub_ens" / "config.pbtxt").write_text(ENSEMBLE)
     args = ["--model-repository", str(repo), "--redis-url", scratch_redis.url, "--grpc-port", "0"]
     mode = ["--model-control-mode", "explicit", "--load-model", "model_control"]
     service = start_sluice("serve", [*args, *mode])
@@ -147,6 +167,16 @@ def test_a_load_with_files_serves_a_model_no_repository_holds(
         inputs.append(tensor)
     assert client.infer("fresh", inputs).as_numpy("OUTPUT0").tolist() == [[2.0] * 4]
     assert control(client, "unload", "fresh") == "ok"
+
+
+def test_loading_an_ensemble_loads_its_steps_and_unloading_its_dependents_them(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    """As Triton's load of an ensemble: its composing models not ready are loaded with it."""
+    assert control(client, "load", "add_sub_ens") == "ok"
+    assert control(client, "ready", "add_sub") == "True"
+    assert control(client, "unload_dependents", "add_sub_ens") == "ok"
+    assert control(client, "ready", "add_sub") == "False"
 
 
 def test_failed_loads_raise_tritons_errors(client: httpclient.InferenceServerClient) -> None:

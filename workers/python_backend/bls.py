@@ -115,12 +115,13 @@ def is_ready(model: str, version: int) -> bool:
     return _shared_client().is_ready(model, version)
 
 
-def forget(model: str) -> None:
-    """Read `model`'s record afresh on the next call (it was just loaded or unloaded)."""
+def forget_records() -> None:
+    """Read the models' records afresh on the next calls (a model was just loaded or
+    unloaded, an ensemble's steps with it)."""
     with _lock:
         client = _client
     if client is not None:
-        client.forget(model)
+        client.forget_records()
 
 
 def _shared_client() -> BlsClient:
@@ -218,9 +219,9 @@ class BlsClient:
             self._reader = asyncio.create_task(self._read_replies())
         await self._connected  # before this call and the others use the client together
 
-    def forget(self, model: str) -> None:
-        """Drop `model`'s cached record (before any call made after this one reads it)."""
-        self._loop.call_soon_threadsafe(self._targets.pop, model, None)
+    def forget_records(self) -> None:
+        """Drop the cached records (before any call made after this one reads them)."""
+        self._loop.call_soon_threadsafe(self._targets.clear)
 
     def is_ready(self, model: str, version: int) -> bool:
         """Whether the fleet serves `model` (its `version`; 0: any), as its record says."""

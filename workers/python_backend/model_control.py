@@ -47,7 +47,6 @@ def load_model(model_name: str, config: str = "", files: Any = None) -> None:
     blobs = {str(path): bytes(content) for path, content in (files or {}).items()}
     _control(
         "load",
-        model_name,
         lambda redis: load_checked(redis, model_name, config or None, blobs or None, LOAD_WAIT_S),
     )
 
@@ -55,18 +54,16 @@ def load_model(model_name: str, config: str = "", files: Any = None) -> None:
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:
     """Unload `model_name` fleet-wide (with an ensemble's composing models if
     `unload_dependents`); returns at once, as Triton's does."""
-    _control(
-        "unload", model_name, lambda redis: unload_checked(redis, model_name, unload_dependents)
-    )
+    _control("unload", lambda redis: unload_checked(redis, model_name, unload_dependents))
 
 
-def _control(what: str, model: str, action: Callable[[AsyncClient], Awaitable[None]]) -> None:
+def _control(what: str, action: Callable[[AsyncClient], Awaitable[None]]) -> None:
     caller = current_instance_name()
     try:
         if _control_mode != "explicit" or _redis_url is None:
             raise Unavailable(NOT_EXPLICIT)
         _run_apart(_redis_url, action)
-        bls.forget(model)  # its readiness as of now, for the model's next BLS calls
+        bls.forget_records()  # readiness as of now, for the model's next BLS calls
     except SluiceError as exc:
         message = exc.message
     except REDIS_ERRORS as exc:
