@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sluice.shared.model_loads import check_load
 from sluice.shared.errors import InvalidInput
+from sluice.shared.model_loads import check_load
 from sluice.shared.repository_control import model_name_problem
 from sluice.workers.override_files import OverrideDirectory
 

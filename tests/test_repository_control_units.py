@@ -11,10 +11,10 @@ from pathlib import Path
 import msgpack
 import pytest
 from sluice.gateway.metadata import repository_index
-from sluice.shared.model_loads import check_load, load_fleet_wide, load_outcome
 from sluice.gateway.model_table import ModelTable, ModelView
 from sluice.shared import keys
 from sluice.shared.errors import InvalidInput, SluiceError
+from sluice.shared.model_loads import check_load, load_fleet_wide, load_outcome
 from sluice.shared.redis_client import async_client
 from sluice.shared.registry import (
     LOADING,
