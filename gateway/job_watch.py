@@ -21,6 +21,7 @@ from typing import Any
 
 from sluice.gateway.outage import RETRY_AFTER_S, RETRY_CAP_S, RETRY_FIRST_S
 from sluice.shared import keys
+from sluice.shared.backoff import Backoff
 from sluice.shared.errors import Unavailable
 from sluice.shared.redis_client import REDIS_ERRORS
 
@@ -74,13 +75,13 @@ class JobWatch:
 
     async def run(self) -> None:
         """Listen until cancelled, resubscribing after a lost connection."""
-        backoff = RETRY_FIRST_S
+        backoff = Backoff.doubling(RETRY_FIRST_S, RETRY_CAP_S)
         while True:
             pubsub = self._redis.pubsub()
             try:
                 await pubsub.psubscribe(CHANNEL_PREFIX + "*")
                 async for message in pubsub.listen():
-                    backoff = RETRY_FIRST_S
+                    backoff.reset()
                     self._hear(message)
             except REDIS_ERRORS as exc:
                 log.warning("job events subscription lost (%s); resubscribing", exc)
@@ -88,8 +89,7 @@ class JobWatch:
                 self.listening.clear()
                 await pubsub.aclose()
             self._wake_all()  # what was announced meanwhile is read again
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, RETRY_CAP_S)
+            await asyncio.sleep(backoff.next_s())
 
     def _hear(self, message: dict[str, Any]) -> None:
         if message["type"] == "psubscribe":  # (re)subscribed: look again at every job

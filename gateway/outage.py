@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
+from sluice.shared.backoff import Backoff
 from sluice.shared.protocol import Request
 from sluice.shared.redis_client import CONNECTION_ERRORS
 
@@ -164,7 +165,7 @@ class Outage(Generic[R]):
     async def _ride_out(self) -> None:
         """Until Redis answers: expire what waited past the grace; then send what was held."""
         grace_s = self.held.policy.grace_s
-        delay = RETRY_FIRST_S
+        backoff = Backoff.doubling(RETRY_FIRST_S, RETRY_CAP_S)
         inflight_failed = False
         try:
             while True:
@@ -184,10 +185,10 @@ class Outage(Generic[R]):
                 try:
                     await self._sender.ping()
                 except CONNECTION_ERRORS:
+                    delay_s = backoff.next_s()
                     expiry = self.held.next_expiry()
-                    pause = delay if expiry is None else max(0.0, min(delay, expiry - now))
-                    await asyncio.sleep(pause)
-                    delay = min(delay * 2, RETRY_CAP_S)
+                    pause_s = delay_s if expiry is None else max(0.0, min(delay_s, expiry - now))
+                    await asyncio.sleep(pause_s)
                     continue
                 if await self._send_held():
                     return

@@ -20,6 +20,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from sluice.gateway.outage import RETRY_CAP_S, RETRY_FIRST_S, Outage
 from sluice.gateway.response_order import ResponseOrder
+from sluice.shared.backoff import Backoff
 from sluice.shared.idle_poll import IdlePoll
 from sluice.shared.protocol import ProtocolError, Result, settle_results
 from sluice.shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS
@@ -49,7 +50,7 @@ class ReplyReader:
     async def run(self) -> None:
         """Read until cancelled; survives Redis outages."""
         unread_trim = 0
-        backoff = RETRY_FIRST_S
+        backoff = Backoff.doubling(RETRY_FIRST_S, RETRY_CAP_S)
         await self.outage.learn_server()
         while True:
             if self.outage.reread_replies:
@@ -63,14 +64,13 @@ class ReplyReader:
                     *("STREAMS", self.reply_stream, self.last_id),
                 )
             except REDIS_ERRORS as exc:
-                if backoff == RETRY_FIRST_S:
+                if backoff.failures == 0:
                     log.warning("reply stream read failed (%s); reconnecting", exc)
                 if isinstance(exc, CONNECTION_ERRORS):
                     self.outage.begin(exc)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, RETRY_CAP_S)
+                await asyncio.sleep(backoff.next_s())
                 continue
-            backoff = RETRY_FIRST_S
+            backoff.reset()
             for _stream, entries in stream_entries(reply):
                 for entry_id, fields in entries:
                     self.last_id = entry_id

@@ -38,6 +38,10 @@ DEFAULT_SENTINEL_PORT = 26379
 REDIS_ERRORS = (RedisError, RedisClusterException)
 CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, RedisClusterException)
 
+#: a worker's pauses between attempts to read or publish while Redis is unreachable (the last
+#: one repeats).
+UNREACHABLE_RETRY_DELAYS_S = (0.05, 0.1, 0.2, 0.5)
+
 #: how every answer to a write that Redis refused for memory begins.
 OUT_OF_MEMORY = "Redis is out of memory (maxmemory)"
 #: what a write refused for memory left behind, where the caller does not say more.

@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from sluice.shared.backoff import Backoff
 from sluice.shared.tasks import stop_tasks
 
 log = logging.getLogger(__name__)
@@ -26,23 +27,6 @@ RESTART_CAP_S = 5.0
 
 def _no_one_waits(_: Exception) -> None:
     pass
-
-
-class Backoff:
-    """Delays that double from `first_s` up to `cap_s`."""
-
-    def __init__(self, first_s: float = RESTART_FIRST_S, cap_s: float = RESTART_CAP_S) -> None:
-        self.first_s = first_s
-        self.cap_s = cap_s
-        self._next_s = first_s
-
-    def next(self) -> float:
-        delay = self._next_s
-        self._next_s = min(delay * 2, self.cap_s)
-        return delay
-
-    def reset(self) -> None:
-        self._next_s = self.first_s
 
 
 class Supervisor:
@@ -86,7 +70,7 @@ class Supervisor:
     async def _supervise(
         self, name: str, run: Callable[[], Awaitable[None]], on_failure: Callable[[Exception], None]
     ) -> None:
-        backoff = Backoff(self.first_s, self.cap_s)
+        backoff = Backoff.doubling(self.first_s, self.cap_s)
         while True:
             started = self._clock()
             try:
@@ -96,12 +80,12 @@ class Supervisor:
                 failure = exc
             if self._clock() - started >= self.cap_s:
                 backoff.reset()
-            delay = backoff.next()
+            delay_s = backoff.next_s()
             self._down.add(name)
-            log.error("%s failed; running it again in %.2f s", name, delay, exc_info=failure)
+            log.error("%s failed; running it again in %.2f s", name, delay_s, exc_info=failure)
             try:
                 on_failure(failure)
-                await self._sleep(delay)
+                await self._sleep(delay_s)
             finally:
                 self._down.discard(name)
 

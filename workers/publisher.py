@@ -29,8 +29,14 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from sluice.shared import keys
+from sluice.shared.backoff import Backoff
 from sluice.shared.protocol import Result, encode_results, job_event
-from sluice.shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS, out_of_memory
+from sluice.shared.redis_client import (
+    CONNECTION_ERRORS,
+    REDIS_ERRORS,
+    UNREACHABLE_RETRY_DELAYS_S,
+    out_of_memory,
+)
 from sluice.shared.redis_wire import Command, Wire, xadd
 from sluice.shared.stats import FINISH_BATCH, add_increments, stats_record
 from sluice.workers.ensemble_steps import Outgoing, continue_steps
@@ -41,8 +47,6 @@ log = logging.getLogger(__name__)
 
 #: safety cap on a gateway's reply stream, should that gateway stop trimming it.
 REPLY_STREAM_MAXLEN = 10_000
-#: pauses between attempts while Redis is unreachable (the last one repeats).
-RETRY_DELAYS_S = (0.05, 0.1, 0.2, 0.5)
 #: statistics of batches published while more work is in hand wait at most this long.
 STATS_FLUSH_S = 0.1
 
@@ -205,22 +209,21 @@ class Publisher:
             for route, route_results in by_route.items()
         ]
         commands += finish
-        attempt = 0
+        backoff = Backoff(UNREACHABLE_RETRY_DELAYS_S)
         while True:
             try:
                 replies = await self._wire.execute(*commands, raise_on_error=False)
             except CONNECTION_ERRORS as exc:
-                if attempt == 0:
+                if backoff.failures == 0:
                     log.warning(
                         "%s: Redis unreachable (%s): keeping %d results until it is back",
                         *(self.model, exc, count),
                     )
                     unacked = [(stream, i) for stream, ids in done.items() for i in ids]
                     self.unacked.update(dict.fromkeys(unacked))
-                await asyncio.sleep(RETRY_DELAYS_S[min(attempt, len(RETRY_DELAYS_S) - 1)])
-                attempt += 1
+                await asyncio.sleep(backoff.next_s())
                 continue
-            if attempt:
+            if backoff.failures:
                 log.info("%s: published %d results kept through a Redis outage", self.model, count)
                 for stream, ids in done.items():
                     for entry_id in ids:

@@ -9,18 +9,17 @@ the room, since one read cannot span the slots (shards) of several partitions.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
 
 import redis.asyncio as aioredis
 from sluice.shared import keys
+from sluice.shared.backoff import Backoff
 from sluice.shared.partitions import share
-from sluice.shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS
+from sluice.shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS, UNREACHABLE_RETRY_DELAYS_S
 from sluice.shared.redis_wire import Wire
 from sluice.workers.admission import Admission
 from sluice.workers.answering import Answering
-from sluice.workers.publisher import RETRY_DELAYS_S
 from sluice.workers.queue_state import QueueState
 
 log = logging.getLogger(__name__)
@@ -75,16 +74,15 @@ class StreamReader:
 
     async def join_groups(self) -> bool:
         """Create the consumer groups, retrying while Redis is away; False if stopped first."""
-        for attempt in itertools.count():
-            if self.state.stopping:
-                return False
+        backoff = Backoff(UNREACHABLE_RETRY_DELAYS_S)
+        while not self.state.stopping:
             try:
                 await self.ensure_groups()
                 return True
             except CONNECTION_ERRORS as exc:
-                delay = RETRY_DELAYS_S[min(attempt, len(RETRY_DELAYS_S) - 1)]
-                log.warning("%s: Redis unreachable (%s); retry in %.2fs", self.name, exc, delay)
-                await asyncio.sleep(delay)
+                delay_s = backoff.next_s()
+                log.warning("%s: Redis unreachable (%s); retry in %.2fs", self.name, exc, delay_s)
+                await asyncio.sleep(delay_s)
         return False
 
     async def run(self) -> None:
@@ -93,14 +91,14 @@ class StreamReader:
                 loops.create_task(self._read_loop(command))
 
     async def _read_loop(self, command: tuple[object, ...]) -> None:
-        attempt = 0
+        backoff = Backoff(UNREACHABLE_RETRY_DELAYS_S)
         while not self.state.stopping:
             await self.state.room.wait()
             if self.state.stopping:
                 break
             try:
                 reply = await self._reads.call(*command)
-                attempt = 0
+                backoff.reset()
             except aioredis.ResponseError as exc:
                 if "NOGROUP" not in str(exc):
                     raise
@@ -109,10 +107,9 @@ class StreamReader:
                     break
                 continue
             except CONNECTION_ERRORS as exc:
-                delay = RETRY_DELAYS_S[min(attempt, len(RETRY_DELAYS_S) - 1)]
-                log.warning("%s: read failed (%s); retry in %.2fs", self.name, exc, delay)
-                attempt += 1
-                await asyncio.sleep(delay)
+                delay_s = backoff.next_s()
+                log.warning("%s: read failed (%s); retry in %.2fs", self.name, exc, delay_s)
+                await asyncio.sleep(delay_s)
                 continue
             await self._admit(reply)
             # let the batch loop hand what was just read to an instance before this loop's

@@ -17,6 +17,7 @@ import torch
 import uvloop
 from redis.asyncio.client import Pipeline
 from sluice.shared import keys
+from sluice.shared.backoff import Backoff
 from sluice.shared.custom_metrics import INFO_KEY as CUSTOM_METRICS
 from sluice.shared.device_metrics import INFO_KEY as DEVICE_METRICS
 from sluice.shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DrainDeadline, on_stop_signals
@@ -54,6 +55,11 @@ from sluice.workers.recovery import RecoveryPolicy
 from sluice.workers.served_models import ServedModels
 
 log = logging.getLogger(__name__)
+
+#: a lost cancellation channel is subscribed to again after this, doubling with each failure...
+RESUBSCRIBE_FIRST_S = 0.05
+#: ...up to this.
+RESUBSCRIBE_MAX_S = 2.0
 
 
 def _raise_unless_full(replies: list[Any]) -> None:
@@ -265,13 +271,13 @@ class Worker:
         by_channel = {keys.cancel_channel(name).encode(): name for name in names}
         channels = [*by_channel, *([keys.DESIRED_CHANNEL.encode()] if self.explicit else [])]
         client = async_client(self.config.redis_url, socket_timeout_s=None)
-        backoff = 0.05
+        backoff = Backoff.doubling(RESUBSCRIBE_FIRST_S, RESUBSCRIBE_MAX_S)
         try:
             while True:
                 pubsub = client.pubsub(ignore_subscribe_messages=True)
                 try:
                     await pubsub.subscribe(*channels)
-                    backoff = 0.05
+                    backoff.reset()
                     async for message in pubsub.listen():
                         if message["type"] != "message":
                             continue
@@ -283,8 +289,7 @@ class Worker:
                             self._beat_now.set()
                 except REDIS_ERRORS as exc:
                     log.warning("cancellation channel lost (%s); resubscribing", exc)
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 2.0)
+                    await asyncio.sleep(backoff.next_s())
                 finally:
                     await pubsub.aclose()
         finally:
