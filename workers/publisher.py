@@ -209,21 +209,22 @@ class Publisher:
             for route, route_results in by_route.items()
         ]
         commands += finish
-        backoff = Backoff(UNREACHABLE_RETRY_DELAYS_S)
+        backoff: Backoff | None = None  # made on a first failure: none per healthy batch
         while True:
             try:
                 replies = await self._wire.execute(*commands, raise_on_error=False)
             except CONNECTION_ERRORS as exc:
-                if backoff.failures == 0:
+                if backoff is None:
                     log.warning(
                         "%s: Redis unreachable (%s): keeping %d results until it is back",
                         *(self.model, exc, count),
                     )
                     unacked = [(stream, i) for stream, ids in done.items() for i in ids]
                     self.unacked.update(dict.fromkeys(unacked))
+                    backoff = Backoff(UNREACHABLE_RETRY_DELAYS_S)
                 await asyncio.sleep(backoff.next_s())
                 continue
-            if backoff.failures:
+            if backoff is not None:
                 log.info("%s: published %d results kept through a Redis outage", self.model, count)
                 for stream, ids in done.items():
                     for entry_id in ids:
