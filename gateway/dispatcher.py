@@ -71,13 +71,13 @@ class Dispatcher:
         gateway_id: str,
         idle_poll_us: int = DEFAULT_WINDOW_US,
         outage: OutagePolicy | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock_s: Callable[[], float] = time.monotonic,
         max_held_response_bytes: int = DEFAULT_MAX_HELD_RESPONSE_BYTES,
     ) -> None:
         self.redis = redis
         #: bytes of one streamed request's responses held for its client (ResponseOrder).
         self.max_held_response_bytes = max_held_response_bytes
-        self.outage: Outage[Route] = Outage(self, outage or OutagePolicy(), clock)
+        self.outage: Outage[Route] = Outage(self, outage or OutagePolicy(), clock_s)
         #: the hot path's commands on connections of their own: sends, and the reply read.
         self._sends = Wire(redis, self.outage.check_server)
         self._reads = Wire(reader, self.outage.check_server)
@@ -87,7 +87,7 @@ class Dispatcher:
         self.streams: dict[str, ResponseOrder] = {}
         #: what each waiting request was sent as, to send it again after a Redis restart.
         self._sent: dict[str, tuple[Route, Request]] = {}
-        self._clock = clock
+        self._clock_s = clock_s
         self._prefix = gateway_id
         self._ids = itertools.count()
         self._outbox: dict[Route, list[Request]] = defaultdict(list)
@@ -213,7 +213,7 @@ class Dispatcher:
 
     def _time_out(self, future: asyncio.Future[Result], message: str) -> None:
         if not future.done():
-            retry_after_s = None if self.outage.since is None else RETRY_AFTER_S
+            retry_after_s = None if self.outage.since_s is None else RETRY_AFTER_S
             future.set_exception(Unavailable(message, retry_after_s))
 
     def abandon(self, model: str, error: Exception) -> None:
@@ -246,7 +246,7 @@ class Dispatcher:
         while True:
             outbox, self._outbox = self._outbox, defaultdict(list)
             error = None
-            if self.outage.since is None:
+            if self.outage.since_s is None:
                 self.idle_poll.arm()
                 error = await self.send_outbox(outbox)
                 if error is None:
@@ -257,9 +257,9 @@ class Dispatcher:
                     return
             self._flush_scheduled = False
             self.outage.begin(error)
-            now = self._clock()
+            now_s = self._clock_s()
             self.outage.hold(
-                (route, r, now) for route, requests in outbox.items() for r in requests
+                (route, r, now_s) for route, requests in outbox.items() for r in requests
             )
             return
 

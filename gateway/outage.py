@@ -58,30 +58,30 @@ class HeldRequests(Generic[R]):
     def __len__(self) -> int:
         return len(self._items)
 
-    def add(self, route: R, request: Request, since: float) -> bool:
-        """Hold `request` (held since `since`); False when it would exceed the byte cap."""
+    def add(self, route: R, request: Request, since_s: float) -> bool:
+        """Hold `request` (held since `since_s`); False when it would exceed the byte cap."""
         size = payload_bytes(request)
         if self.bytes + size > self.policy.max_held_bytes:
             return False
         self.bytes += size
-        self._items.append((route, request, since))
+        self._items.append((route, request, since_s))
         return True
 
-    def expire(self, now: float) -> list[Request]:
+    def expire(self, now_s: float) -> list[Request]:
         """Stop holding, and return, the requests held for the whole grace."""
-        limit = now - self.policy.grace_s
-        kept = [item for item in self._items if item[2] > limit]
+        limit_s = now_s - self.policy.grace_s
+        kept = [item for item in self._items if item[2] > limit_s]
         if len(kept) == len(self._items):
             return []
-        expired = [request for _, request, since in self._items if since <= limit]
+        expired = [request for _, request, since_s in self._items if since_s <= limit_s]
         self._items = kept
         self.bytes = sum(payload_bytes(request) for _, request, _ in kept)
         return expired
 
-    def next_expiry(self) -> float | None:
+    def next_expiry_s(self) -> float | None:
         if not self._items:
             return None
-        return min(since for _, _, since in self._items) + self.policy.grace_s
+        return min(since_s for _, _, since_s in self._items) + self.policy.grace_s
 
     def ids(self) -> set[str]:
         return {request.id for _, request, _ in self._items}
@@ -118,12 +118,14 @@ class Outage(Generic[R]):
     """A gateway's view of Redis's reachability: the requests it holds meanwhile, and the task
     that sends them once Redis answers again."""
 
-    def __init__(self, sender: Sender[R], policy: OutagePolicy, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, sender: Sender[R], policy: OutagePolicy, clock_s: Callable[[], float]
+    ) -> None:
         self._sender = sender
         self.held: HeldRequests[R] = HeldRequests(policy)
-        self._clock = clock
+        self._clock_s = clock_s
         #: when Redis stopped answering (None: it answers).
-        self.since: float | None = None
+        self.since_s: float | None = None
         self._riding_out: asyncio.Task[None] | None = None
         #: the run id of the Redis server last seen (None: not known).
         self.server: str | None = None
@@ -137,10 +139,10 @@ class Outage(Generic[R]):
 
     def hold(self, items: Iterable[tuple[R, Request, float]]) -> None:
         refused = []
-        for route, request, since in items:
+        for route, request, since_s in items:
             if not self._sender.still_waiting(request.id):
                 continue  # timed out or its client went away meanwhile
-            if not self.held.add(route, request, since):
+            if not self.held.add(route, request, since_s):
                 refused.append(request)
         if refused:
             message = (
@@ -156,9 +158,9 @@ class Outage(Generic[R]):
 
     def begin(self, error: Exception | None) -> None:
         """Start holding requests (`error`: why), and the task that waits for Redis."""
-        if self.since is None and error is not None:
+        if self.since_s is None and error is not None:
             log.warning("Redis unreachable (%s): holding requests until it is back", error)
-            self.since = self._clock()
+            self.since_s = self._clock_s()
         if self._riding_out is None:
             self._riding_out = asyncio.create_task(self._ride_out())
 
@@ -169,14 +171,18 @@ class Outage(Generic[R]):
         inflight_failed = False
         try:
             while True:
-                now = self._clock()
+                now_s = self._clock_s()
                 self._sender.fail(
-                    self.held.expire(now),
+                    self.held.expire(now_s),
                     f"queue unavailable: Redis unreachable for {grace_s:g} s"
                     " (--redis-outage-grace-s)",
                     RETRY_AFTER_S,
                 )
-                if self.since is not None and not inflight_failed and now - self.since >= grace_s:
+                if (
+                    self.since_s is not None
+                    and not inflight_failed
+                    and now_s - self.since_s >= grace_s
+                ):
                     inflight_failed = True
                     self._fail_sent(
                         f"queue unavailable: Redis unreachable for {grace_s:g} s"
@@ -186,8 +192,10 @@ class Outage(Generic[R]):
                     await self._sender.ping()
                 except CONNECTION_ERRORS:
                     delay_s = backoff.next_s()
-                    expiry = self.held.next_expiry()
-                    pause_s = delay_s if expiry is None else max(0.0, min(delay_s, expiry - now))
+                    expiry_s = self.held.next_expiry_s()
+                    pause_s = (
+                        delay_s if expiry_s is None else max(0.0, min(delay_s, expiry_s - now_s))
+                    )
                     await asyncio.sleep(pause_s)
                     continue
                 if await self._send_held():
@@ -206,9 +214,9 @@ class Outage(Generic[R]):
             if self.server is not None:
                 log.warning("Redis restarted: sending every unanswered request again")
             pending = {request.id for _, request, _ in held}
-            now = self._clock()
+            now_s = self._clock_s()
             held += [
-                (route, request, now)
+                (route, request, now_s)
                 for route, request in self._sender.unanswered()
                 if request.id not in pending
             ]
@@ -223,9 +231,9 @@ class Outage(Generic[R]):
                 self.hold(held)
                 return False
             held = self.held.take()  # arrived while the last ones were sent
-        if self.since is not None:
+        if self.since_s is not None:
             log.info("Redis reachable again: held requests sent")
-        self.since = None
+        self.since_s = None
         return True
 
     def _fail_sent(self, message: str) -> None:

@@ -28,14 +28,14 @@ class IdlePoll:
         self,
         window_ns: int,
         may_poll: Callable[[], bool],
-        clock: Callable[[], int] = time.perf_counter_ns,
+        clock_ns: Callable[[], int] = time.perf_counter_ns,
         pause: Callable[[], None] = os.sched_yield,
     ) -> None:
         self.window_ns = window_ns
         self._may_poll = may_poll
-        self._clock = clock
+        self._clock_ns = clock_ns
         self._pause = pause
-        self._until = 0
+        self._until_ns = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         #: a turn is scheduled on the loop.
         self.polling = False
@@ -44,7 +44,7 @@ class IdlePoll:
         """Poll until the window after now has passed, or `may_poll()` turns false."""
         if not self.window_ns or not self._may_poll():
             return  # under load: not even one turn
-        self._until = self._clock() + self.window_ns
+        self._until_ns = self._clock_ns() + self.window_ns
         if not self.polling:
             self.polling = True
             if self._loop is None:
@@ -53,11 +53,11 @@ class IdlePoll:
 
     def stop(self) -> None:
         """End the window now (the owner is closing)."""
-        self._until = 0
+        self._until_ns = 0
 
     def _turn(self) -> None:
         # a callback always ready keeps the loop polling its sockets without blocking
-        if self._clock() < self._until and self._may_poll():
+        if self._clock_ns() < self._until_ns and self._may_poll():
             self._pause()
             assert self._loop is not None
             self._loop.call_soon(self._turn)

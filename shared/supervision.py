@@ -37,12 +37,12 @@ class Supervisor:
         first_s: float = RESTART_FIRST_S,
         cap_s: float = RESTART_CAP_S,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
-        clock: Callable[[], float] = time.monotonic,
+        clock_s: Callable[[], float] = time.monotonic,
     ) -> None:
         self.first_s = first_s
         self.cap_s = cap_s
         self._sleep = sleep
-        self._clock = clock
+        self._clock_s = clock_s
         self._tasks: list[asyncio.Task[None]] = []
         self._down: set[str] = set()
 
@@ -72,13 +72,13 @@ class Supervisor:
     ) -> None:
         backoff = Backoff.doubling(self.first_s, self.cap_s)
         while True:
-            started = self._clock()
+            started_s = self._clock_s()
             try:
                 await run()
                 return
             except Exception as exc:  # a cancellation is not a failure: it ends the loop
                 failure = exc
-            if self._clock() - started >= self.cap_s:
+            if self._clock_s() - started_s >= self.cap_s:
                 backoff.reset()
             delay_s = backoff.next_s()
             self._down.add(name)

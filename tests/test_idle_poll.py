@@ -9,19 +9,19 @@ from sluice.shared.idle_poll import IdlePoll
 
 
 class TurnClock:
-    """A clock that moves `step` ns at every turn's pause, and counts the turns."""
+    """A clock that moves `step_ns` at every turn's pause, and counts the turns."""
 
-    def __init__(self, step: int = 100) -> None:
-        self.now = 0
-        self.step = step
+    def __init__(self, step_ns: int = 100) -> None:
+        self.now_ns = 0
+        self.step_ns = step_ns
         self.turns = 0
 
     def __call__(self) -> int:
-        return self.now
+        return self.now_ns
 
     def pause(self) -> None:
         self.turns += 1
-        self.now += self.step
+        self.now_ns += self.step_ns
 
 
 async def until_still(poll: IdlePoll) -> None:
@@ -30,7 +30,7 @@ async def until_still(poll: IdlePoll) -> None:
 
 
 async def test_turns_until_the_window_has_passed() -> None:
-    clock = TurnClock(step=100)
+    clock = TurnClock(step_ns=100)
     poll = IdlePoll(1_000, lambda: True, clock, clock.pause)
     poll.arm()
     assert poll.polling
@@ -39,7 +39,7 @@ async def test_turns_until_the_window_has_passed() -> None:
 
 
 async def test_arming_again_extends_the_window_from_now() -> None:
-    clock = TurnClock(step=100)
+    clock = TurnClock(step_ns=100)
     poll = IdlePoll(1_000, lambda: True, clock, clock.pause)
     poll.arm()
     while clock.turns < 5:
@@ -71,7 +71,7 @@ async def test_a_zero_window_never_polls() -> None:
 
 
 async def test_other_work_runs_while_it_polls() -> None:
-    clock = TurnClock(step=1)
+    clock = TurnClock(step_ns=1)
     allowed = [True]
     poll = IdlePoll(10**9, lambda: allowed[0], clock, clock.pause)
 

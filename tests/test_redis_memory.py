@@ -130,7 +130,7 @@ async def test_a_full_redis_is_no_outage_and_leaves_no_waiter(
         with redis_full(client), pytest.raises(OutOfMemory) as refused:
             await d.submit(Route("oom-model", max_per_entry=4), request, 30)
         assert refused.value.message == NOT_QUEUED
-        assert (d.outage.since, len(d.outage.held)) == (None, 0)  # nothing held, nothing retried
+        assert (d.outage.since_s, len(d.outage.held)) == (None, 0)  # nothing held, nothing retried
         assert (d.waiting, d.unanswered()) == ({}, [])
 
 

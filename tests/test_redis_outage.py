@@ -43,12 +43,12 @@ class Clock:
     round while Redis is away takes one)."""
 
     def __init__(self) -> None:
-        self.now = 1000.0
+        self.now_s = 1000.0
         self.reads = 0
 
     def __call__(self) -> float:
         self.reads += 1
-        return self.now
+        return self.now_s
 
 
 @pytest.fixture
@@ -66,7 +66,7 @@ def clock() -> Clock:
 @pytest.fixture
 async def dispatcher(server: EmbeddedRedis, clock: Clock) -> AsyncIterator[Dispatcher]:
     policy = OutagePolicy(GRACE_S, max_held_bytes=64)
-    async with reading_dispatcher(server.url, "gw-outage", outage=policy, clock=clock) as d:
+    async with reading_dispatcher(server.url, "gw-outage", outage=policy, clock_s=clock) as d:
         yield d
 
 
@@ -120,7 +120,7 @@ async def test_a_request_sent_while_redis_is_down_is_sent_when_it_is_back(
     await _until(lambda: len(dispatcher.outage.held) == 1, "the request to be held")
     assert not waiting.done()
     server.start()
-    await _until(lambda: dispatcher.outage.since is None, "the outage to end")
+    await _until(lambda: dispatcher.outage.since_s is None, "the outage to end")
     assert await _queued_ids(server.url, "m") == [request.id]
     await _answer(server.url, dispatcher, request.id)
     assert (await asyncio.wait_for(waiting, 30)).id == request.id
@@ -161,11 +161,11 @@ async def test_a_request_held_past_the_grace_gets_503_with_retry_after(
     server.kill()
     held = asyncio.create_task(dispatcher.submit(Route("m"), _request(dispatcher), 60))
     await _until(lambda: len(dispatcher.outage.held) == 1, "the request to be held")
-    clock.now += GRACE_S - 1
+    clock.now_s += GRACE_S - 1
     reads = clock.reads
     await _until(lambda: clock.reads >= reads + 2, "a retry round to pass")
     assert not held.done() and not sent_before.done()
-    clock.now += 1
+    clock.now_s += 1
     for task in (held, sent_before):
         with pytest.raises(Unavailable) as error:
             await asyncio.wait_for(task, 30)
@@ -188,7 +188,7 @@ async def test_requests_beyond_the_held_bytes_cap_get_503_at_once(
     await _until(lambda: len(dispatcher.outage.held) == 2, "a request within the cap to be held")
     assert not first.done() and not small.done()
     server.start()
-    await _until(lambda: dispatcher.outage.since is None, "the outage to end")
+    await _until(lambda: dispatcher.outage.since_s is None, "the outage to end")
     ids = await _queued_ids(server.url, "m")
     await _answer(server.url, dispatcher, *ids)
     assert len(await asyncio.wait_for(asyncio.gather(first, small), 30)) == 2

@@ -73,25 +73,25 @@ async def test_a_failed_loop_is_logged_reported_down_and_run_again(
 
 
 async def test_restarts_back_off_to_a_cap_and_start_over_after_a_long_run() -> None:
-    now = [0.0]
-    delays: list[float] = []
+    now_s = [0.0]
+    delays_s: list[float] = []
 
-    async def sleep(delay: float) -> None:
-        delays.append(delay)
+    async def sleep(delay_s: float) -> None:
+        delays_s.append(delay_s)
 
-    supervisor = Supervisor(first_s=0.1, cap_s=1.0, sleep=sleep, clock=lambda: now[0])
+    supervisor = Supervisor(first_s=0.1, cap_s=1.0, sleep=sleep, clock_s=lambda: now_s[0])
     runs = 0
 
     async def loop() -> None:
         nonlocal runs
         runs += 1
         if runs == 7:
-            now[0] += 1.0  # this run lasts as long as the longest wait: it was healthy
+            now_s[0] += 1.0  # this run lasts as long as the longest wait: it was healthy
         if runs < 9:
             raise RuntimeError(f"failure {runs}")
 
     await supervisor.start("loop", loop)
-    assert delays == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 0.1, 0.2]
+    assert delays_s == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 0.1, 0.2]
     assert supervisor.up
 
 
