@@ -34,11 +34,11 @@ def test_errors_are_typed_and_carry_the_message(service: Service) -> None:
 def test_jobs_submit_result_status_cancel_and_as_completed(service: Service) -> None:
     with Client(service.http_url) as client:
         jobs = [client.submit("nobatch", {"IN": np.full((2, 3), v, np.float32)}) for v in range(4)]
-        finished = list(as_completed(jobs, timeout=60))
+        finished = list(as_completed(jobs, timeout_s=60))
         assert sorted(j.id for j in finished) == sorted(j.id for j in jobs)
         for value, job in enumerate(jobs):
             assert job.status() == "done"
-            np.testing.assert_array_equal(job.result(timeout=30)["OUT"], np.full((3, 2), value))
+            np.testing.assert_array_equal(job.result(timeout_s=30)["OUT"], np.full((3, 2), value))
         again = {"IN": np.full((2, 3), 0, np.float32)}  # jobs[0]'s request: its job
         assert client.submit("nobatch", again, job_id=jobs[0].id).id == jobs[0].id
         with pytest.raises(errors.Conflict, match=f"409: job '{jobs[0].id}' already exists"):
@@ -47,7 +47,7 @@ def test_jobs_submit_result_status_cancel_and_as_completed(service: Service) -> 
         slow = client.submit("batch8", {"IN": np.ones((1, 4), np.float32)})
         assert slow.cancel() is True
         with pytest.raises(errors.InvalidRequest, match="cancelled"):
-            slow.result(timeout=30)
+            slow.result(timeout_s=30)
 
 
 async def test_async_client(service: Service) -> None:
@@ -56,7 +56,7 @@ async def test_async_client(service: Service) -> None:
         outputs = await client.infer("nobatch", {"IN": x})
         np.testing.assert_array_equal(outputs["OUT"], x.T)
         job = await client.submit("nobatch", {"IN": x})
-        np.testing.assert_array_equal((await job.result(timeout=30))["OUT"], x.T)
+        np.testing.assert_array_equal((await job.result(timeout_s=30))["OUT"], x.T)
         assert await job.status() == "done"
         with pytest.raises(errors.InvalidRequest, match="job 'id'"):
             await client.submit("nobatch", {"IN": x}, job_id="bad id with spaces")
@@ -66,13 +66,13 @@ def test_jobs_straight_to_redis_are_the_gateways_jobs(service: Service) -> None:
     direct = RedisClient(service.redis_url)
     x = np.full((2, 3), 7.0, np.float32)
     job = direct.submit("nobatch", {"IN": x}, job_id="direct-1")
-    np.testing.assert_array_equal(job.result(timeout=30)["OUT"], x.T)
+    np.testing.assert_array_equal(job.result(timeout_s=30)["OUT"], x.T)
     assert job.status() == "done"
     with Client(service.http_url) as client:  # the same job, read through a gateway
-        np.testing.assert_array_equal(Job(client, "direct-1").result(timeout=30)["OUT"], x.T)
+        np.testing.assert_array_equal(Job(client, "direct-1").result(timeout_s=30)["OUT"], x.T)
     bad = direct.submit("nobatch", {"IN": np.ones((9,), np.float32)})
     with pytest.raises(errors.InvalidRequest, match="'IN'"):
-        bad.result(timeout=30)
+        bad.result(timeout_s=30)
     with pytest.raises(errors.InvalidRequest, match="unknown model"):
         direct.submit("nope", {"IN": x})
     direct.close()
@@ -84,9 +84,9 @@ def test_outputs_come_back_as_torch_tensors_when_asked(service: Service) -> None
         out = client.infer("nobatch", {"IN": x})["OUT"]
         assert isinstance(out, torch.Tensor) and torch.equal(out, x.T)
         job = client.submit("nobatch", {"IN": x})
-        assert torch.equal(job.result(timeout=30)["OUT"], x.T)
+        assert torch.equal(job.result(timeout_s=30)["OUT"], x.T)
     direct = RedisClient(service.redis_url, tensors="torch")
     try:
-        assert torch.equal(direct.submit("nobatch", {"IN": x}).result(timeout=30)["OUT"], x.T)
+        assert torch.equal(direct.submit("nobatch", {"IN": x}).result(timeout_s=30)["OUT"], x.T)
     finally:
         direct.close()

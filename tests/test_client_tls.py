@@ -98,7 +98,7 @@ def test_infer_over_https_with_the_servers_ca(
     with Client(f"https://localhost:{proxy.port}", ca_file=certs["server"][0]) as client:
         np.testing.assert_array_equal(client.infer("nobatch", {"IN": X})["OUT"], X.T)
         job = client.submit("nobatch", {"IN": X})
-        np.testing.assert_array_equal(job.result(timeout=30)["OUT"], X.T)
+        np.testing.assert_array_equal(job.result(timeout_s=30)["OUT"], X.T)
 
 
 async def test_async_infer_over_https_with_an_ssl_context(

@@ -193,5 +193,5 @@ def test_a_job_outlives_the_client_that_submitted_it(service: Service) -> None:
     client.wait(10)
     client.stdout.close()
     with Client(f"http://{service.http_url}") as later:
-        outputs = Job(later, job_id).result(timeout=30)
+        outputs = Job(later, job_id).result(timeout_s=30)
     np.testing.assert_array_equal(outputs["OUT"], np.full((1, 4), 6, np.float32))

@@ -192,16 +192,16 @@ def test_the_sdks_job_readers_return_every_response_of_a_decoupled_job(service: 
     with Client(service.http_url) as sdk, RedisClient(service.redis_url) as direct:
         jobs = [sdk.submit("countdown", inputs), direct.submit("countdown", inputs)]
         for job in jobs:
-            assert [r["OUT"].tolist() for r in job.responses(timeout=60)] == [[2], [1], [0]]
-            assert job.result(timeout=60)["OUT"].tolist() == [0]
+            assert [r["OUT"].tolist() for r in job.responses(timeout_s=60)] == [[2], [1], [0]]
+            assert job.result(timeout_s=60)["OUT"].tolist() == [0]
         for job in (sdk.submit("countdown", {"IN": np.array([-1], np.int32)}),):
             with pytest.raises(sdk_errors.SluiceClientError, match="below zero"):
-                job.responses(timeout=60)
+                job.responses(timeout_s=60)
 
     async def read() -> list[list[int]]:
         async with AsyncClient(service.http_url) as client:
             job = await client.submit("countdown", {"IN": np.array([2], np.int32)})
-            return [r["OUT"].tolist() for r in await job.responses(timeout=60)]
+            return [r["OUT"].tolist() for r in await job.responses(timeout_s=60)]
 
     assert asyncio.run(read()) == [[1], [0]]
 

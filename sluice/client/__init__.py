@@ -7,8 +7,8 @@
     Client(url, tensors="torch")                              # ... or torch tensors out
     job = client.submit("mlp", {"INPUT__0": x}, job_id="a1")  # returns at once
     job.status()                                              # "queued" | "done" | "failed"
-    outputs = job.result(timeout=30)
-    every = job.responses(timeout=30)                         # a decoupled model's, in order
+    outputs = job.result(timeout_s=30)                        # or job.result(30)
+    every = job.responses(timeout_s=30)                       # a decoupled model's, in order
     for job in as_completed([client.submit(...) for ...]): ...
 
 `AsyncClient` offers the same with `await`; `RedisClient` submits jobs straight to Redis.
@@ -89,10 +89,10 @@ def _last(responses: list[Outputs]) -> Outputs:
     return responses[-1] if responses else {}
 
 
-def _next_wait(deadline: float | None) -> float:
-    if deadline is None:
+def _next_wait_s(deadline_s: float | None) -> float:
+    if deadline_s is None:
         return _POLL_S
-    return max(0.0, min(_POLL_S, deadline - time.monotonic()))
+    return max(0.0, min(_POLL_S, deadline_s - time.monotonic()))
 
 
 class Client:
@@ -171,43 +171,46 @@ class Job:
     def status(self) -> str:
         return _status(self.client._http.request("GET", f"/v2/jobs/{self.id}"))
 
-    def result(self, timeout: float | None = None) -> Outputs:
-        """Wait for the outputs (long-polling the gateway); raises the job's error if it failed.
-        A decoupled model's job: its last response's (`responses` gives them all)."""
-        return _last(self.responses(timeout))
+    def result(self, timeout_s: float | None = None) -> Outputs:
+        """Wait for the outputs (long-polling the gateway), at most `timeout_s` seconds (None:
+        no limit); raises the job's error if it failed. A decoupled model's job: its last
+        response's (`responses` gives them all)."""
+        return _last(self.responses(timeout_s))
 
-    def responses(self, timeout: float | None = None) -> list[Outputs]:
-        """Wait for the job to finish: every response of a decoupled model's job in order
-        (zero or more), an ordinary job's one; raises the job's (or a response's) error."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+    def responses(self, timeout_s: float | None = None) -> list[Outputs]:
+        """Wait for the job to finish, at most `timeout_s` seconds (None: no limit): every
+        response of a decoupled model's job in order (zero or more), an ordinary job's one;
+        raises the job's (or a response's) error."""
+        deadline_s = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
-            wait = _next_wait(deadline)
+            wait_s = _next_wait_s(deadline_s)
             status, headers, body = self.client._http.request(
-                "GET", f"/v2/jobs/{self.id}?wait={wait:.3f}", timeout_s=wait + 30
+                "GET", f"/v2/jobs/{self.id}?wait={wait_s:.3f}", timeout_s=wait_s + 30
             )
             if status != 202:
                 decoded = decode_job_responses(status, headers, body)
                 return [as_kind(outputs, self.client._tensors) for outputs in decoded]
-            if deadline is not None and time.monotonic() >= deadline:
-                raise JobTimeout(f"job {self.id} not finished after {timeout} s")
+            if deadline_s is not None and time.monotonic() >= deadline_s:
+                raise JobTimeout(f"job {self.id} not finished after {timeout_s} s")
 
     def cancel(self) -> bool:
         """True if cancelled; False if it had already finished."""
         return _cancelled(self.client._http.request("DELETE", f"/v2/jobs/{self.id}"))
 
 
-def as_completed(jobs: Iterable[Job], timeout: float | None = None) -> Iterator[Job]:
-    """Yield jobs as they finish (done or failed), like concurrent.futures.as_completed."""
+def as_completed(jobs: Iterable[Job], timeout_s: float | None = None) -> Iterator[Job]:
+    """Yield jobs as they finish (done or failed), like concurrent.futures.as_completed;
+    JobTimeout once `timeout_s` seconds passed with some not finished (None: no limit)."""
     remaining = list(jobs)
-    deadline = None if timeout is None else time.monotonic() + timeout
+    deadline_s = None if timeout_s is None else time.monotonic() + timeout_s
     while remaining:
         for job in list(remaining):
             if job.status() != "queued":
                 remaining.remove(job)
                 yield job
         if remaining:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise JobTimeout(f"{len(remaining)} jobs not finished after {timeout} s")
+            if deadline_s is not None and time.monotonic() >= deadline_s:
+                raise JobTimeout(f"{len(remaining)} jobs not finished after {timeout_s} s")
             head = remaining[0]  # block on one job instead of spinning over all
             head.client._http.request("GET", f"/v2/jobs/{head.id}?wait=1", timeout_s=31)
 
@@ -282,21 +285,23 @@ class AsyncJob:
     async def status(self) -> str:
         return _status(await self.client._http.request("GET", f"/v2/jobs/{self.id}"))
 
-    async def result(self, timeout: float | None = None) -> Outputs:
-        return _last(await self.responses(timeout))
+    async def result(self, timeout_s: float | None = None) -> Outputs:
+        """As `Job.result`: at most `timeout_s` seconds (None: no limit)."""
+        return _last(await self.responses(timeout_s))
 
-    async def responses(self, timeout: float | None = None) -> list[Outputs]:
-        deadline = None if timeout is None else time.monotonic() + timeout
+    async def responses(self, timeout_s: float | None = None) -> list[Outputs]:
+        """As `Job.responses`: at most `timeout_s` seconds (None: no limit)."""
+        deadline_s = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
-            wait = _next_wait(deadline)
+            wait_s = _next_wait_s(deadline_s)
             status, headers, body = await self.client._http.request(
-                "GET", f"/v2/jobs/{self.id}?wait={wait:.3f}", timeout_s=wait + 30
+                "GET", f"/v2/jobs/{self.id}?wait={wait_s:.3f}", timeout_s=wait_s + 30
             )
             if status != 202:
                 decoded = decode_job_responses(status, headers, body)
                 return [as_kind(outputs, self.client._tensors) for outputs in decoded]
-            if deadline is not None and time.monotonic() >= deadline:
-                raise JobTimeout(f"job {self.id} not finished after {timeout} s")
+            if deadline_s is not None and time.monotonic() >= deadline_s:
+                raise JobTimeout(f"job {self.id} not finished after {timeout_s} s")
 
     async def cancel(self) -> bool:
         return _cancelled(await self.client._http.request("DELETE", f"/v2/jobs/{self.id}"))

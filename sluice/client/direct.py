@@ -48,6 +48,8 @@ from .errors import (
 
 #: one blocking wait, kept below the client's socket timeout; longer waits repeat it.
 _BLOCK_S = 5.0
+#: the shortest blocking wait (a wait that is due still blocks, as 0 ms would not block).
+_MIN_BLOCK_S = 0.001
 
 
 class RedisClient:
@@ -160,22 +162,25 @@ class RedisJob:
             return "queued"
         return "done" if all(r.error is None for r in results) else "failed"
 
-    def result(self, timeout: float | None = None) -> dict[str, Any]:
-        """The outputs (a decoupled model's job: its last response's); raises its error."""
-        responses = self.responses(timeout)
+    def result(self, timeout_s: float | None = None) -> dict[str, Any]:
+        """The outputs (a decoupled model's job: its last response's), waited for at most
+        `timeout_s` seconds (None: no limit); raises its error."""
+        responses = self.responses(timeout_s)
         return responses[-1] if responses else {}
 
-    def responses(self, timeout: float | None = None) -> list[dict[str, Any]]:
-        """Every response of a decoupled model's job in order, an ordinary job's one; the
-        first error raises."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+    def responses(self, timeout_s: float | None = None) -> list[dict[str, Any]]:
+        """Every response of a decoupled model's job in order, an ordinary job's one, waited
+        for at most `timeout_s` seconds (None: no limit); the first error raises."""
+        deadline_s = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
-            left = _BLOCK_S if deadline is None else max(0.001, deadline - time.monotonic())
-            results = self._results(block_ms=int(min(left, _BLOCK_S) * 1000))
+            left_s = (
+                _BLOCK_S if deadline_s is None else max(_MIN_BLOCK_S, deadline_s - time.monotonic())
+            )
+            results = self._results(block_ms=int(min(left_s, _BLOCK_S) * 1000))
             if results is not None:
                 break
-            if deadline is not None and time.monotonic() >= deadline:
-                raise JobTimeout(f"job {self.id} not finished after {timeout} s")
+            if deadline_s is not None and time.monotonic() >= deadline_s:
+                raise JobTimeout(f"job {self.id} not finished after {timeout_s} s")
         answers = []
         for result in results:
             if result.error is not None:
