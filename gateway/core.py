@@ -23,7 +23,7 @@ from sluice.gateway.outbox import Route
 from sluice.gateway.restricted_apis import Restrictions
 from sluice.shared import keys
 from sluice.shared.bulk import BulkStatus
-from sluice.shared.ensemble import is_ensemble
+from sluice.shared.config_view import ConfigView
 from sluice.shared.errors import (
     InvalidInput,
     ModelNotFound,
@@ -49,7 +49,6 @@ from sluice.shared.queue_policy import DEADLINE, PRIORITY, TIMEOUT, deadline_us
 from sluice.shared.redis_client import REDIS_ERRORS
 from sluice.shared.repository_control import NOT_EXPLICIT
 from sluice.shared.signature import Signature, validate_inputs
-from sluice.shared.transaction_policy import is_decoupled
 
 #: request parameters the workers act on.
 FORWARDED_PARAMETERS = (PRIORITY, TIMEOUT, DEADLINE)
@@ -190,7 +189,7 @@ class GatewayCore:
         await load_fleet_wide(redis, name, config_json, files, timeout_s, most)
         await load_composing(redis, name, self._look, timeout_s, most)
 
-    async def _look(self, name: str) -> tuple[dict[str, Any] | None, bool]:
+    async def _look(self, name: str) -> tuple[ConfigView | None, bool]:
         """The model as this gateway serves it once its table is fresh: its config (here at
         once, as of a load just made) and whether it is ready."""
         await self._refresh()
@@ -210,7 +209,7 @@ class GatewayCore:
         for model in await unload_fleet_wide(redis, name, unload_dependents, self._config_of):
             self.table.withdraw(model)
 
-    def _config_of(self, name: str) -> dict[str, Any] | None:
+    def _config_of(self, name: str) -> ConfigView | None:
         view = self.table.models.get(name)
         return view.config if view is not None else None
 
@@ -273,7 +272,7 @@ class GatewayCore:
             raise no_versions(model)
         if view.config is None:
             raise ModelNotReady(f"model '{model}' is not ready: {view.reason}")
-        return view.config
+        return view.config.json
 
     async def model_metadata(self, model: str, version: str | None) -> dict[str, Any]:
         view = await self.view(model, version)
@@ -307,7 +306,7 @@ class GatewayCore:
         A decoupled model is refused, as Triton refuses it on `endpoint`: its responses
         need a stream (`stream`)."""
         view = await self.view(model, version)
-        if is_decoupled(view.config):
+        if view.config is not None and view.config.decoupled:
             raise Unsupported(
                 f"{endpoint} doesn't support models with decoupled transaction policy"
             )
@@ -315,7 +314,7 @@ class GatewayCore:
         params = prepared.parameters
         parsed = prepared.request
         timeout_s, timeout_message = _time_limit(params, self.limits.request_timeout_s)
-        if is_ensemble(view.config):
+        if view.is_ensemble:
             result = await self.ensembles.infer(
                 view, prepared.version, parsed, params, timeout_s, timeout_message, client_gone
             )
@@ -351,7 +350,7 @@ class GatewayCore:
         params = prepared.parameters
         timeout_s, timeout_message = _time_limit(params, self.limits.request_timeout_s)
         parsed = prepared.request
-        if is_ensemble(view.config):
+        if view.is_ensemble:
             result = await self.ensembles.infer(
                 view, prepared.version, parsed, params, timeout_s, timeout_message, client_gone
             )
@@ -464,7 +463,8 @@ def _forwarded(view: ModelView, parameters: dict[str, Any]) -> dict[str, Any]:
     model reads them: `request.parameters()`)."""
     if not parameters:
         return parameters
-    if (view.config or {}).get("backend") == "python" or is_ensemble(view.config):
+    python = view.config is not None and view.config.backend == "python"
+    if python or view.is_ensemble:
         return {k: v for k, v in parameters.items() if k not in GATEWAY_PARAMETERS}
     return {k: v for k, v in parameters.items() if k in FORWARDED_PARAMETERS}
 

@@ -46,7 +46,7 @@ class Ensembles:
     def plan(self, view: ModelView) -> Plan:
         """The ensemble's flat plan from the fleet's configs; its composing models must serve.
         Built again only when one of those configs changed (the table replaces a config's
-        dict when a worker publishes a new one)."""
+        view, and its JSON, when a worker publishes a new one)."""
         configs = collect_configs(view.name, self._config)
         cached = self._plans.get(view.name)
         if cached is not None and _same(cached[0], configs):
@@ -65,8 +65,9 @@ class Ensembles:
         return plan
 
     def _config(self, name: str) -> dict[str, Any] | None:
+        """A model's config as JSON, which the plan is built from."""
         view = self.table.models.get(name)
-        return view.config if view is not None else None
+        return view.config.json if view is not None and view.config is not None else None
 
     async def infer(
         self,

@@ -42,7 +42,7 @@ def model_metadata(view: ModelView, version: int | None) -> dict[str, Any]:
     sig = view.signature
     assert sig is not None and view.config is not None
     versions = [str(version)] if version else [str(v) for v in sorted(view.versions)]
-    platform = view.config.get("platform") or view.config.get("backend", "")
+    platform = view.config.platform or view.config.backend
     return {
         "name": view.name,
         "versions": versions,

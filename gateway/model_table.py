@@ -7,19 +7,17 @@ the view fresh costs a few commands a second whatever the load.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import redis.asyncio as aioredis
 from sluice.shared import keys
+from sluice.shared.config_view import ConfigView
 from sluice.shared.errors import ModelNotFound, ModelNotReady
-from sluice.shared.partitions import config_partitions
 from sluice.shared.queue_policy import QueuePolicy
 from sluice.shared.redis_client import REDIS_ERRORS
 from sluice.shared.registry import (
@@ -29,7 +27,7 @@ from sluice.shared.registry import (
     UNAVAILABLE,
     UNLOADING,
     Member,
-    decode_model_record,
+    ModelRecord,
     live_members,
     now_ms,
 )
@@ -47,6 +45,8 @@ REPLY_STREAM_TTL_S = 3600
 UNLOADED = "unloaded"
 #: of the workers' states for a model, the one the index shows when no version is ready.
 STATE_ORDER = (LOADING, UNLOADING, UNAVAILABLE)
+#: the queue policy of a model with no config: one queue, no limits.
+NO_QUEUE_POLICY = QueuePolicy()
 
 
 def no_versions(name: str) -> ModelNotFound:
@@ -57,7 +57,8 @@ def no_versions(name: str) -> ModelNotFound:
 @dataclass
 class ModelView:
     name: str
-    config: dict[str, Any] | None
+    #: None: no worker could load it (`reason` says why).
+    config: ConfigView | None
     signature: Signature | None
     versions: list[int]
     ready_versions: set[int] = field(default_factory=set)
@@ -72,18 +73,21 @@ class ModelView:
     def ready(self) -> bool:
         return bool(self.ready_versions) and not self.withdrawn
 
-    @functools.cached_property
+    @property
     def queue_policy(self) -> QueuePolicy:
-        return QueuePolicy.from_config(self.config or {})
+        return self.config.queue_policy if self.config is not None else NO_QUEUE_POLICY
 
-    @functools.cached_property
+    @property
     def partitions(self) -> int:
-        return config_partitions(self.config)
+        return self.config.partitions if self.config is not None else 1
+
+    @property
+    def is_ensemble(self) -> bool:
+        return self.config is not None and self.config.is_ensemble
 
     @property
     def preserve_ordering(self) -> bool:
-        batching = (self.config or {}).get("dynamic_batching") or {}
-        return bool(batching.get("preserve_ordering"))
+        return self.config is not None and self.config.preserve_ordering
 
     def resolve_version(self, requested: str | None) -> int:
         """0 means "whatever the worker serves as latest"; a named version must be ready."""
@@ -206,14 +210,14 @@ class ModelTable:
         views: dict[str, ModelView] = {}
         for raw_name, blob in models_raw.items():
             name = raw_name.decode()
-            record = decode_model_record(blob)
-            config = record["config"]
+            record = ModelRecord.decode(blob)
+            config = record.config
             views[name] = ModelView(
                 name,
                 config,
-                Signature.from_config(config) if config else None,
-                list(record["versions"]),
-                reason=record["error"],
+                config.signature if config is not None else None,
+                record.versions,
+                reason=record.error,
             )
         states: dict[str, set[str]] = {}
         for member in members:
@@ -272,7 +276,7 @@ class ModelTable:
                     pipe.xlen(keys.request_stream(view.name, level, partition))
             depths = iter(await pipe.execute())
         for view, level in split:
-            batch = max(1, (view.config or {}).get("max_batch_size", 1))
+            batch = max(1, view.config.max_batch_size) if view.config is not None else 1
             self.on_depths(view.name, level, [next(depths) for _ in range(view.partitions)], batch)
 
     async def remove_self(self) -> None:

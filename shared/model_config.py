@@ -14,6 +14,7 @@ from typing import Any
 
 from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from sluice.shared.config_view import ConfigView
 from sluice.shared.datatypes import config_to_wire
 from sluice.shared.errors import ModelConfigError
 from sluice.shared.partitions import PARAMETER as PARTITIONS
@@ -131,9 +132,16 @@ class ModelSpec:
     intra_op_threads: int | None
     inter_op_threads: int | None
     version_policy: tuple[str, tuple[int, ...]]
-    config_json: dict[str, Any]
+    #: the config as the gateways and the worker's own units read it.
+    config: ConfigView
     #: how many partitions its streams are split into (shared/partitions.py).
     partitions: int = 1
+
+    @property
+    def config_json(self) -> dict[str, Any]:
+        """The config as Triton's JSON: what the model record publishes and a Python model's
+        `args['model_config']` holds."""
+        return self.config.json
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +213,7 @@ def load_model_config(
         intra_op_threads=intra,
         inter_op_threads=inter,
         version_policy=version_policy,
-        config_json=triton_config_json(cfg),
+        config=ConfigView.from_json(triton_config_json(cfg)),
         partitions=partitions,
     )
 

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from sluice.shared import keys
-from sluice.shared.ensemble import collect_configs, composing_models, is_ensemble
+from sluice.shared.config_view import ConfigView
+from sluice.shared.ensemble import collect_configs
 from sluice.shared.errors import InvalidInput, SluiceError, Unavailable
 from sluice.shared.redis_client import AsyncClient
-from sluice.shared.registry import READY, Member, decode_model_record, live_members, now_ms
+from sluice.shared.registry import READY, Member, ModelRecord, live_members, now_ms
 from sluice.shared.repository_control import (
     OverridesFull,
     declare,
@@ -133,7 +134,7 @@ async def load_fleet_wide(
 
 
 #: a model's config and whether the fleet serves it, as whoever loads it sees them now.
-Look = Callable[[str], Awaitable[tuple[Mapping[str, Any] | None, bool]]]
+Look = Callable[[str], Awaitable[tuple[ConfigView | None, bool]]]
 
 
 async def load_composing(
@@ -154,14 +155,14 @@ async def load_composing(
         steps += _steps(config)
 
 
-def _steps(config: Mapping[str, Any] | None) -> list[str]:
-    return composing_models(config) if config is not None and is_ensemble(config) else []
+def _steps(config: ConfigView | None) -> list[str]:
+    return list(config.ensemble_steps) if config is not None else []
 
 
-async def fleet_look(redis: AsyncClient, name: str) -> tuple[Mapping[str, Any] | None, bool]:
+async def fleet_look(redis: AsyncClient, name: str) -> tuple[ConfigView | None, bool]:
     """A model's config as its workers announced it, and whether one of them has it ready."""
     raw = await redis.hget(keys.MODELS, name)
-    config = decode_model_record(cast("bytes", raw)).get("config") if raw is not None else None
+    config = ModelRecord.decode(cast("bytes", raw)).config if raw is not None else None
     ready = any(
         (status := w.models.get(name)) is not None and status.ready_versions
         for w in await live_workers(redis)
@@ -196,16 +197,21 @@ async def unload_fleet_wide(
     redis: AsyncClient,
     name: str,
     unload_dependents: bool,
-    config_of: Callable[[str], Mapping[str, Any] | None],
+    config_of: Callable[[str], ConfigView | None],
 ) -> list[str]:
     """Declare the unload of `name` and, with `unload_dependents`, of the models its ensemble
     names (nested ones' too, looked up with `config_of`); the models declared unloaded."""
     names = [name]
     if unload_dependents:
-        names += [m for m in collect_configs(name, config_of) if m != name]
+        names += [m for m in collect_configs(name, lambda m: _json(config_of(m))) if m != name]
     for model in names:
         await declare(redis, model, loaded=False)
     return names
+
+
+def _json(config: ConfigView | None) -> Mapping[str, Any] | None:
+    """The config as JSON, which an ensemble's steps are collected from."""
+    return config.json if config is not None else None
 
 
 async def unload_checked(redis: AsyncClient, name: str, unload_dependents: bool) -> None:
@@ -215,7 +221,7 @@ async def unload_checked(redis: AsyncClient, name: str, unload_dependents: bool)
     configs = {
         model.decode(): config
         for model, raw in records.items()
-        if (config := decode_model_record(raw).get("config")) is not None
+        if (config := ModelRecord.decode(raw).config) is not None
     }
     known = set(configs) | {m for w in await live_workers(redis) for m in w.repository}
     if name in known:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
+from sluice.shared.config_view import ConfigView
 
 HEARTBEAT_INTERVAL_S = 1.0
 #: a member whose heartbeat is older than this is gone.
@@ -111,6 +112,23 @@ def encode_model_record(
 def decode_model_record(raw: bytes) -> dict[str, Any]:
     record: dict[str, Any] = msgpack.unpackb(raw)
     return record
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRecord:
+    """A model as its workers announced it, its config parsed once for all who read it."""
+
+    #: None: no worker could load it (`error` says why).
+    config: ConfigView | None
+    versions: list[int]
+    error: str | None
+
+    @classmethod
+    def decode(cls, raw: bytes) -> ModelRecord:
+        record = decode_model_record(raw)
+        config = record["config"]
+        view = ConfigView.from_json(config) if config else None
+        return cls(view, list(record["versions"]), record["error"])
 
 
 def live_members(raw: Mapping[bytes, bytes], now: int) -> tuple[list[Member], list[bytes]]:

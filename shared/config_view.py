@@ -1,0 +1,73 @@
+"""A model's config as typed fields: what gateways and workers act on, read once from the JSON.
+
+Workers publish each model's config as Triton's JSON (shared/model_config.py makes it); both
+sides parse it here once, where a model record is decoded or a config loaded, and read
+attributes from then on. The JSON itself stays in `json`, for what serves it back to clients
+(the config endpoint, a Python model's `args['model_config']`) and for ensemble planning,
+which walks the whole graph of its composing models' tensors (shared/ensemble.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sluice.shared.ensemble import ENSEMBLE_PLATFORM, composing_models, is_ensemble
+from sluice.shared.partitions import config_partitions
+from sluice.shared.queue_policy import QueuePolicy
+from sluice.shared.signature import Signature
+from sluice.shared.transaction_policy import is_decoupled
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigView:
+    """The fields of a model's config that sluice reads, typed."""
+
+    #: as the config names them ("" when absent): an ensemble has a platform and no backend.
+    platform: str
+    backend: str
+    #: its name, max_batch_size, inputs and outputs, which requests are checked against.
+    signature: Signature
+    #: `dynamic_batching`'s priority levels and queue limits.
+    queue_policy: QueuePolicy
+    #: `dynamic_batching { preserve_ordering }`: responses leave in the requests' order.
+    preserve_ordering: bool
+    #: `model_transaction_policy { decoupled }`: zero or more responses per request.
+    decoupled: bool
+    #: `sequence_batching { iterative_sequence }`: served by in-flight batching.
+    iterative_sequence: bool
+    #: how many partitions its request streams are split into (shared/partitions.py).
+    partitions: int
+    #: the models an ensemble's steps name (none for any other model).
+    ensemble_steps: tuple[str, ...]
+    #: the config as Triton's JSON, as served back to clients.
+    json: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return self.signature.name
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.signature.max_batch_size
+
+    @property
+    def is_ensemble(self) -> bool:
+        return self.platform == ENSEMBLE_PLATFORM
+
+    @classmethod
+    def from_json(cls, config: dict[str, Any]) -> ConfigView:
+        batching = config.get("dynamic_batching") or {}
+        sequencing = config.get("sequence_batching") or {}
+        return cls(
+            platform=str(config.get("platform", "")),
+            backend=str(config.get("backend", "")),
+            signature=Signature.from_config(config),
+            queue_policy=QueuePolicy.from_config(config),
+            preserve_ordering=bool(batching.get("preserve_ordering")),
+            decoupled=is_decoupled(config),
+            iterative_sequence=bool(sequencing.get("iterative_sequence", False)),
+            partitions=config_partitions(config),
+            ensemble_steps=tuple(composing_models(config)) if is_ensemble(config) else (),
+            json=config,
+        )
