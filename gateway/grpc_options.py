@@ -8,20 +8,18 @@ from typing import Literal
 
 CompressionLevel = Literal["none", "low", "medium", "high"]
 
-#: Triton's default gRPC port.
-DEFAULT_GRPC_PORT = 8001
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GrpcOptions:
-    """How the gRPC port serves; port 0 turns gRPC off."""
+    """How the gRPC port serves, from the settings' --grpc-* options (which hold their
+    defaults); port 0 turns gRPC off."""
 
-    port: int = DEFAULT_GRPC_PORT
+    port: int
     #: the largest request message accepted, once decompressed (else RESOURCE_EXHAUSTED).
-    max_message_bytes: int = 64 << 20
+    max_message_bytes: int
     #: how much responses are compressed (gzip or deflate, as the client accepts).
-    compression: CompressionLevel = "none"
+    compression: CompressionLevel
     #: a ModelStreamInfer stream's requests in flight; past them it stops reading.
-    stream_max_requests: int = 64
+    stream_max_requests: int
     #: bytes of responses queued for a stream's client; past them its requests wait.
-    stream_max_queued_bytes: int = 16 << 20
+    stream_max_queued_bytes: int

@@ -10,7 +10,7 @@ import os
 import socket
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sluice.gateway.app import GatewayApp
@@ -18,7 +18,7 @@ from sluice.gateway.background import start_background
 from sluice.gateway.bearer import BearerGuard
 from sluice.gateway.bulk_api import BulkApi
 from sluice.gateway.core import GatewayCore, GatewayLimits
-from sluice.gateway.dispatcher import DEFAULT_MAX_HELD_RESPONSE_BYTES, Dispatcher
+from sluice.gateway.dispatcher import Dispatcher
 from sluice.gateway.grpc_options import GrpcOptions
 from sluice.gateway.job_operations import JobOperations
 from sluice.gateway.job_watch import JobWatch
@@ -27,11 +27,10 @@ from sluice.gateway.metrics import MetricsApp
 from sluice.gateway.model_table import ModelTable, no_versions
 from sluice.gateway.outage import OutagePolicy
 from sluice.gateway.stream_window import StreamLoad
-from sluice.shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DrainDeadline, on_stop_signals
+from sluice.shared.drain_deadline import DrainDeadline, on_stop_signals
 from sluice.shared.errors import Unavailable
 from sluice.shared.gc_tuning import settle_after_startup
 from sluice.shared.http_server import HttpServer
-from sluice.shared.idle_poll import DEFAULT_WINDOW_US
 from sluice.shared.redis_client import REDIS_ERRORS, async_client, initialized
 from sluice.shared.registry import Member
 from sluice.shared.supervision import Supervisor
@@ -49,24 +48,25 @@ ANSWER_S = 1.0
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GatewayConfig:
-    """Built from the command line's settings in one place (sluice.settings)."""
+    """Built from the settings (sluice.settings), which hold every option's default: each
+    field named as its option is that option's value."""
 
     redis_url: str
-    host: str = "127.0.0.1"
-    http_port: int = 8000
-    metrics_port: int = 8002
-    #: the gRPC port and its limits; None (the default for a config built in code): no gRPC.
-    grpc: GrpcOptions | None = None
-    limits: GatewayLimits = field(default_factory=GatewayLimits)
-    #: seconds to answer in-flight requests after a stop signal (--drain-timeout-s); those
-    #: still waiting then get a 503, and a gateway on its own exits by this deadline.
-    graceful_shutdown_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    host: str
+    http_port: int
+    metrics_port: int
+    #: the gRPC port (0: no gRPC) and its limits.
+    grpc: GrpcOptions
+    limits: GatewayLimits
+    #: seconds to answer in-flight requests after a stop signal; those still waiting then get
+    #: a 503, and a gateway on its own exits by this deadline.
+    drain_timeout_s: float
     #: microseconds to keep polling with one request in flight (0: sleep at once).
-    idle_poll_us: int = DEFAULT_WINDOW_US
+    idle_poll_us: int
     #: how long, and how much, to hold requests while Redis is unreachable.
-    outage: OutagePolicy = field(default_factory=OutagePolicy)
+    outage: OutagePolicy
     #: bytes of a streamed request's responses held for a client that does not read them.
-    stream_max_held_bytes: int = DEFAULT_MAX_HELD_RESPONSE_BYTES
+    stream_max_held_bytes: int
 
 
 async def serve_gateway(
@@ -106,7 +106,7 @@ async def serve_gateway(
     http = HttpServer(app, config.limits.max_body_bytes, app.precheck)
     streams = StreamLoad()
     metrics = _metrics_port(MetricsApp(redis, table, streams), config.limits.metrics_auth_token)
-    stop = stop or _stop_on_signal(config.graceful_shutdown_s, http)
+    stop = stop or _stop_on_signal(config.drain_timeout_s, http)
     supervisor = Supervisor()
     start_background(dispatcher, table, supervisor)
     supervisor.start("job-events", watch.run)
@@ -124,11 +124,11 @@ async def serve_gateway(
         await stop.wait()
     finally:
         log.info("gateway stopping: answering in-flight requests")
-        answer_s = min(ANSWER_S, config.graceful_shutdown_s / 4)
-        wait_s = config.graceful_shutdown_s - 2 * answer_s
+        answer_s = min(ANSWER_S, config.drain_timeout_s / 4)
+        wait_s = config.drain_timeout_s - 2 * answer_s
         error = Unavailable(
             f"gateway shutting down: no answer within its drain timeout "
-            f"({config.graceful_shutdown_s:g} s); retry"
+            f"({config.drain_timeout_s:g} s); retry"
         )
         await asyncio.gather(
             http.shutdown(wait_s, lambda: dispatcher.replies.fail_waiting(error), answer_s),
@@ -149,7 +149,7 @@ async def serve_gateway(
 def _grpc_port(core: GatewayCore, config: GatewayConfig, streams: StreamLoad) -> GrpcPort | None:
     """The gRPC port, not listening yet, or None when gRPC is off. Its modules load only
     then: a gateway without gRPC needs neither grpcio nor tritonclient's messages."""
-    if config.grpc is None or config.grpc.port == 0:
+    if config.grpc.port == 0:
         return None
     from sluice.gateway.grpc_server import GrpcPort
 

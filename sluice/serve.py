@@ -161,8 +161,8 @@ async def _serve(settings: ServeSettings, gateway: GatewayConfig) -> None:
     host, port = gateway.host, gateway.http_port
 
     def announce() -> None:
-        grpc = gateway.grpc
-        on = f"gRPC on :{grpc.port}, " if grpc is not None and grpc.port else ""
+        grpc = gateway.grpc.port
+        on = f"gRPC on :{grpc}, " if grpc else ""
         log.info(
             "sluice ready: http://%s:%d (%smetrics on :%d)", host, port, on, gateway.metrics_port
         )

@@ -3,7 +3,10 @@
 `sluice gateway` takes GatewaySettings, `sluice worker` WorkerSettings, `sluice serve`
 ServeSettings (the gateway's and the workers' options together) and `sluice jobs worker`
 JobsWorkerSettings. serve hands each child its settings as JSON in one environment variable.
-The gateway's and the worker's own config types are built here, and nowhere else.
+
+Each option's default is written once: here, or, for a policy the gateway or the workers also
+build in code, as that policy's default. The gateway's and the worker's config types are built
+here, and nowhere else, each field from the option of its name.
 """
 
 from __future__ import annotations
@@ -11,29 +14,45 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import MISSING, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
-from sluice.gateway.grpc_options import CompressionLevel
+from sluice.gateway.grpc_options import CompressionLevel, GrpcOptions
+from sluice.gateway.outage import OutagePolicy
 from sluice.gateway.restricted_apis import GRPC_HEADER_PREFIX, Restrictions, parse_restrictions
-from sluice.options import Check, Settings, SettingsError, at_least, option, port, positive
+from sluice.options import (
+    Check,
+    Settings,
+    SettingsError,
+    at_least,
+    option,
+    option_fields,
+    port,
+    positive,
+)
 from sluice.preflight import shown_url, unknown_scheme
 from sluice.secret_options import one_secret, with_password
 from sluice.shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DRAIN_TIMEOUT_HELP
 from sluice.shared.idle_poll import DEFAULT_WINDOW_US
 from sluice.shared.jobs import MAX_BULK_JOBS, MAX_JOBS
 from sluice.shared.repository_control import ControlMode, load_model_problem
+from sluice.workers.recovery import RecoveryPolicy
+from sluice.workers.worker_config import BatchDelay, WorkerConfig
 
 if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
     from sluice.gateway.server import GatewayConfig
-    from sluice.workers.worker import WorkerConfig
 
 #: the environment variables through which serve hands its children their settings.
 WORKER_SETTINGS_ENV = "SLUICE_WORKER_SETTINGS"
 JOBS_WORKER_SETTINGS_ENV = "SLUICE_JOBS_WORKER_SETTINGS"
 
 LogLevel = Literal["debug", "info", "warning", "error"]
-BatchDelay = Literal["fixed", "adaptive"]
+
+#: the defaults of the policies the gateway and the workers also build in code.
+OUTAGE = OutagePolicy()
+RECOVERY = RecoveryPolicy()
 
 REDIS_URL_HELP = (
     "Redis to queue on (redis://, rediss://, unix://, redis+sentinel://h1:p1,h2:p2/<master>)."
@@ -265,14 +284,14 @@ class GatewayOptions(ProcessSettings, IdlePolling, ModelControl):
         check=at_least(0),
     )
     redis_outage_grace_s: float = option(
-        15.0,
+        OUTAGE.grace_s,
         help="Seconds the gateway holds requests while Redis is unreachable (restart, failover) "
         "and sends them once it is back; past this a request gets a 503 with Retry-After.",
         old="--redis-outage-grace",
         check=at_least(0),
     )
     max_held_bytes: int = option(
-        256 << 20,
+        OUTAGE.max_held_bytes,
         help="Request payload the gateway holds at most while Redis is unreachable; a request "
         "beyond it gets a 503 with Retry-After at once.",
         check=at_least(0),
@@ -288,43 +307,26 @@ class GatewayOptions(ProcessSettings, IdlePolling, ModelControl):
 
     def gateway_config(self, redis_url: str) -> GatewayConfig:
         from sluice.gateway.core import GatewayLimits
-        from sluice.gateway.grpc_options import GrpcOptions
-        from sluice.gateway.outage import OutagePolicy
         from sluice.gateway.server import GatewayConfig
 
-        return GatewayConfig(
-            redis_url=redis_url,
-            host=self.host,
-            http_port=self.http_port,
-            metrics_port=self.metrics_port,
-            grpc=GrpcOptions(
-                port=self.grpc_port,
-                max_message_bytes=self.max_body_bytes,
-                compression=self.grpc_infer_response_compression_level,
-                stream_max_requests=self.grpc_stream_max_requests,
-                stream_max_queued_bytes=self.grpc_stream_max_queued_bytes,
+        grpc = GrpcOptions(
+            port=self.grpc_port,
+            max_message_bytes=self.max_body_bytes,
+            compression=self.grpc_infer_response_compression_level,
+            stream_max_requests=self.grpc_stream_max_requests,
+            stream_max_queued_bytes=self.grpc_stream_max_queued_bytes,
+        )
+        limits = _built(
+            GatewayLimits,
+            self,
+            http_restrictions=restrictions("--http-restricted-api", self.http_restricted_api),
+            grpc_restrictions=restrictions(
+                "--grpc-restricted-protocol", self.grpc_restricted_protocol
             ),
-            limits=GatewayLimits(
-                max_body_bytes=self.max_body_bytes,
-                request_timeout_s=self.request_timeout_s,
-                auth_token=self.auth_token,
-                http_restrictions=restrictions("--http-restricted-api", self.http_restricted_api),
-                grpc_restrictions=restrictions(
-                    "--grpc-restricted-protocol", self.grpc_restricted_protocol
-                ),
-                metrics_auth_token=self.metrics_auth_token,
-                job_ttl_s=self.job_ttl_s,
-                max_jobs=self.max_jobs,
-                max_bulk_jobs=self.max_bulk_jobs,
-                model_control_mode=self.model_control_mode,
-                max_override_models=self.max_override_models,
-            ),
-            graceful_shutdown_s=self.drain_timeout_s,
-            idle_poll_us=self.idle_poll_us,
-            stream_max_held_bytes=self.stream_max_held_bytes,
-            outage=OutagePolicy(
-                grace_s=self.redis_outage_grace_s, max_held_bytes=self.max_held_bytes
-            ),
+        )
+        outage = OutagePolicy(self.redis_outage_grace_s, self.max_held_bytes)
+        return _built(
+            GatewayConfig, self, redis_url=redis_url, grpc=grpc, limits=limits, outage=outage
         )
 
 
@@ -346,13 +348,13 @@ class BatchingOptions(ProcessSettings, IdlePolling, ModelControl):
         help="Triton model repository: <dir>/<model>/config.pbtxt and <N>/ folders."
     )
     claim_idle_ms: int = option(
-        10_000,
+        RECOVERY.claim_idle_ms,
         help="A request held this long by a worker that stopped refreshing it (crashed) is taken "
         "over by another worker.",
         check=at_least(100),
     )
     max_deliveries: int = option(
-        3,
+        RECOVERY.max_deliveries,
         help="A request delivered more often than this (it kept killing workers) fails with an "
         "error and moves to the model's dead-letter stream.",
         check=at_least(1),
@@ -414,27 +416,7 @@ class WorkerSettings(BatchingOptions, RedisPassword):
     host: str = option("127.0.0.1", help="Address the health port binds to.")
 
     def config(self) -> WorkerConfig:
-        from sluice.workers.recovery import RecoveryPolicy
-        from sluice.workers.worker import WorkerConfig
-
-        return WorkerConfig(
-            model_repository=self.model_repository,
-            redis_url=self.redis_url,
-            models=self.models,
-            recovery=RecoveryPolicy(
-                claim_idle_ms=self.claim_idle_ms, max_deliveries=self.max_deliveries
-            ),
-            health_port=self.health_port,
-            health_host=self.host,
-            idle_poll_us=self.idle_poll_us,
-            metrics_interval_ms=self.metrics_interval_ms,
-            batch_delay=self.batch_delay,
-            early_run=self.early_run,
-            drain_timeout_s=self.drain_timeout_s,
-            model_control_mode=self.model_control_mode,
-            load_models=self.load_model,
-            repository_poll_secs=self.repository_poll_secs,
-        )
+        return _built(WorkerConfig, self, recovery=_built(RecoveryPolicy, self))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -482,3 +464,13 @@ class ServeSettings(GatewayOptions, BatchingOptions, RedisPassword):
 def _values(settings: Settings, part: type[Settings]) -> dict[str, Any]:
     """The values of the fields `settings` shares with its base class `part`."""
     return {f.name: getattr(settings, f.name) for f in dataclasses.fields(part)}
+
+
+C = TypeVar("C", bound="DataclassInstance")
+
+
+def _built(config: type[C], settings: Settings, **given: Any) -> C:
+    """A `config` whose fields but those `given` are the settings' options of their names."""
+    options = {f.name for f in option_fields(type(settings))} - given.keys()
+    names = [f.name for f in dataclasses.fields(config) if f.name in options]
+    return config(**{name: getattr(settings, name) for name in names}, **given)

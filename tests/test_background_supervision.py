@@ -29,8 +29,9 @@ from sluice.workers.model_queue import ModelQueue
 from sluice.workers.reader import StreamReader
 from sluice.workers.recovery import RecoveryPolicy
 from sluice.workers.takeover import Takeover
-from sluice.workers.worker import Worker, WorkerConfig
+from sluice.workers.worker import Worker
 
+from sluice.settings import WorkerSettings
 from tests.batch_loop_harness import add_model
 from tests.restart_gate import Gate
 from tests.streams import collect_results, int_request
@@ -185,7 +186,7 @@ async def served(
     )
     gate = Gate()
     model_queue.background = Supervisor(sleep=gate)
-    worker = Worker(WorkerConfig(model_repository=tmp_path, redis_url=redis_url))
+    worker = Worker(WorkerSettings(model_repository=tmp_path, redis_url=redis_url).config())
     monkeypatch.setattr(Worker, "queues", property(lambda _: [model_queue]))
     worker.redis_ok = True
     assert worker.ready()

@@ -105,7 +105,7 @@ def test_load_model_needs_explicit_mode_and_a_lone_wildcard() -> None:
     with pytest.raises(ValueError, match="must be the ONLY startup model"):
         WorkerSettings(**base, load_model=("a", "*"), model_control_mode="explicit")
     settings = WorkerSettings(**base, load_model=("a", "b"), model_control_mode="explicit")
-    assert settings.config().load_models == ("a", "b")
+    assert settings.config().load_model == ("a", "b")
 
 
 # -- mode none (the session's service) --------------------------------------------------------

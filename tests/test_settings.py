@@ -101,7 +101,7 @@ def test_the_gateway_config_is_built_from_the_settings() -> None:
         idle_poll_us=0,
     )
     config = settings.config()
-    assert (config.redis_url, config.graceful_shutdown_s, config.idle_poll_us) == (URL, 5.0, 0)
+    assert (config.redis_url, config.drain_timeout_s, config.idle_poll_us) == (URL, 5.0, 0)
     limits = config.limits
     assert (limits.request_timeout_s, limits.job_ttl_s, limits.auth_token) == (9.0, 120, "t")
     assert (config.outage.grace_s, config.outage.max_held_bytes) == (3.0, 10)

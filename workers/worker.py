@@ -8,9 +8,7 @@ import logging
 import os
 import socket
 import time
-import uuid
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,9 +18,8 @@ from sluice.shared import keys
 from sluice.shared.backoff import Backoff
 from sluice.shared.custom_metrics import INFO_KEY as CUSTOM_METRICS
 from sluice.shared.device_metrics import INFO_KEY as DEVICE_METRICS
-from sluice.shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DrainDeadline, on_stop_signals
+from sluice.shared.drain_deadline import DrainDeadline, on_stop_signals
 from sluice.shared.gc_tuning import settle_after_startup
-from sluice.shared.idle_poll import DEFAULT_WINDOW_US
 from sluice.shared.model_config import ModelSpec
 from sluice.shared.redis_client import REDIS_ERRORS, async_client, initialized, out_of_memory
 from sluice.shared.registry import (
@@ -51,8 +48,8 @@ from sluice.workers.model_queue import ModelQueue
 from sluice.workers.override_files import OverrideDirectory
 from sluice.workers.python_backend import bls, model_control
 from sluice.workers.python_backend.custom_metrics import REGISTRY as MODEL_METRICS
-from sluice.workers.recovery import RecoveryPolicy
 from sluice.workers.served_models import ServedModels
+from sluice.workers.worker_config import WorkerConfig
 
 log = logging.getLogger(__name__)
 
@@ -71,44 +68,6 @@ def _raise_unless_full(replies: list[Any]) -> None:
             raise error
     if errors:
         log.warning("Redis is out of memory: model records not refreshed")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WorkerConfig:
-    """Built from the command line's settings in one place (sluice.settings)."""
-
-    model_repository: Path
-    redis_url: str
-    #: serve only these models (None: every model in the repository).
-    models: tuple[str, ...] | None = None
-    worker_id: str = ""
-    block_ms: int = 1000
-    recovery: RecoveryPolicy = field(default_factory=RecoveryPolicy)
-    #: serve GET /v2/health/live and /ready here (None: no probe port).
-    health_port: int | None = None
-    health_host: str = "127.0.0.1"
-    #: microseconds to keep polling after a batch run at low load (0: sleep at once).
-    idle_poll_us: int = DEFAULT_WINDOW_US
-    #: how often the host's CPU, memory and GPUs are sampled for the heartbeat (Triton's
-    #: --metrics-interval-ms).
-    metrics_interval_ms: int = 2000
-    #: BATCH_DELAY of models that set none: "fixed" (Triton's wait) or "adaptive".
-    batch_delay: str = "fixed"
-    #: run a lone batch while its delay runs out, answering it once the batch is formed
-    #: (`workers/early_run.py`).
-    early_run: bool = True
-    #: seconds to finish the batches in hand after a stop signal before exiting regardless.
-    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
-    #: Triton's --model-control-mode: "none", "poll" or "explicit".
-    model_control_mode: str = "none"
-    #: explicit mode: the models to load at start ("*": every one).
-    load_models: tuple[str, ...] = ()
-    #: poll mode: seconds between two looks at the repository.
-    repository_poll_secs: float = 15.0
-
-    def member_id(self) -> str:
-        suffix = uuid.uuid4().hex[:6]
-        return self.worker_id or f"worker-{socket.gethostname()}-{os.getpid()}-{suffix}"
 
 
 @dataclass(slots=True)
@@ -324,7 +283,7 @@ class Worker:
         except REDIS_ERRORS as exc:  # followed on the first heartbeat that reaches Redis
             log.warning("desired model states not read (%s); following them later", exc)
             desired = {}
-        wanted = self.config.load_models
+        wanted = self.config.load_model
         names = set(manager.scope()) if ALL_MODELS in wanted else set(wanted)
         return names - set(desired), desired
 
@@ -332,9 +291,7 @@ class Worker:
         await initialized(self.redis)  # before the model queues share it
         health = None
         if self.config.health_port is not None:
-            health = await serve_health(
-                self.config.health_host, self.config.health_port, self.ready
-            )
+            health = await serve_health(self.config.host, self.config.health_port, self.ready)
         served = self.served = ServedModels(
             self.config.model_repository,
             self.id,
