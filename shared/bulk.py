@@ -25,6 +25,7 @@ from rq.serializers import JSONSerializer
 from sluice.shared import keys
 from sluice.shared.bulk_arrays import MAX_BYTES
 from sluice.shared.bulk_files import check_output_shapes, read_items
+from sluice.shared.config_view import ConfigView
 from sluice.shared.errors import (
     Conflict,
     InvalidInput,
@@ -35,10 +36,8 @@ from sluice.shared.errors import (
 )
 from sluice.shared.jobs import HOLD_QUOTA, JOB_ID, MAX_BULK_JOBS, quota_message
 from sluice.shared.lua import Lua
-from sluice.shared.queue_policy import QueuePolicy
 from sluice.shared.redis_client import is_cluster, out_of_memory
-from sluice.shared.registry import decode_model_record
-from sluice.shared.signature import Signature
+from sluice.shared.registry import ModelRecord
 
 #: the rq job function (a string, so that nothing here imports the workers package).
 RUN_BULK = "sluice.workers.bulk.run_bulk"
@@ -106,16 +105,16 @@ def bulk_queue(connection: redis.Redis) -> Queue:
     return Queue(keys.BULK_QUEUE, connection=connection, serializer=JSONSerializer)
 
 
-def model_signature(connection: redis.Redis, model: str) -> tuple[dict[str, Any], list[int]]:
+def model_signature(connection: redis.Redis, model: str) -> tuple[ConfigView, list[int]]:
     """The model's config as the workers published it, and its versions."""
     # sluice's clients never decode replies: values are bytes
-    record = cast("bytes | None", connection.hget(keys.MODELS, model))
-    if record is None:
+    raw = cast("bytes | None", connection.hget(keys.MODELS, model))
+    if raw is None:
         raise ModelNotFound(f"Request for unknown model: '{model}' is not found")
-    info = decode_model_record(record)
-    if info["config"] is None:
-        raise ModelNotReady(f"model '{model}' is not ready: {info['error']}")
-    return info["config"], list(info["versions"])
+    record = ModelRecord.decode(raw)
+    if record.config is None:
+        raise ModelNotReady(f"model '{model}' is not ready: {record.error}")
+    return record.config, record.versions
 
 
 def submit_bulk(
@@ -145,10 +144,10 @@ def submit_bulk(
     config, versions = model_signature(connection, model)
     if version is not None and version not in versions:
         raise ModelNotReady(f"model '{model}' version {version} is not ready")
-    sig = Signature.from_config(config)
+    sig = config.signature
     check_output_shapes(sig, fmt)
     total = len(read_items(data, fmt, sig, max_bytes=max_bytes))
-    policy = QueuePolicy.from_config(config)
+    policy = config.queue_policy
     level = policy.default_priority_level
     limit = policy.for_level(level).max_queue_size
     spec: dict[str, EncodableT] = {
@@ -161,7 +160,7 @@ def submit_bulk(
         "window": max(1, min(window, limit // 2)) if limit else window,
         "counted": int(limit > 0),
         "ttl": ttl_s,
-        "config": orjson.dumps(config),
+        "config": orjson.dumps(config.json),
         "created_ms": time.time_ns() // 1_000_000,
         "max_bytes": max_bytes,
         "digest": digest,

@@ -28,6 +28,7 @@ from typing import Any
 
 from sluice.shared import keys
 from sluice.shared.admission import enqueue_command, queue_full
+from sluice.shared.config_view import ConfigView
 from sluice.shared.errors import ModelExecutionError, SluiceError, Unavailable
 from sluice.shared.protocol import (
     ProtocolError,
@@ -37,12 +38,10 @@ from sluice.shared.protocol import (
     encode_requests,
     settle_results,
 )
-from sluice.shared.queue_policy import QueuePolicy
 from sluice.shared.redis_client import REDIS_ERRORS, async_client, initialized
 from sluice.shared.redis_wire import Wire, stream_entries, xadd
-from sluice.shared.registry import decode_model_record
+from sluice.shared.registry import ModelRecord
 from sluice.shared.repository_control import decode_desired
-from sluice.shared.transaction_policy import is_decoupled
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +145,7 @@ class _Stream:
 @dataclass(slots=True)
 class _Target:
     #: None: unknown or not ready.
-    config: dict[str, Any] | None
+    config: ConfigView | None
     versions: list[int]
     read_at: float
 
@@ -242,14 +241,14 @@ class BlsClient:
                 f"{failed}Failed for execute the inference request. Model '{call.model}' is "
                 "not ready."
             )
-        if request_id not in self._streams and is_decoupled(target.config):
+        if request_id not in self._streams and target.config.decoupled:
             raise ModelExecutionError(
                 f"{failed}Model {call.model} is using the decoupled. The current BLS request "
                 "call doesn't support models using the decoupled transaction policy. Please "
                 "use 'decoupled=True' argument to the 'exec' or 'async_exec' calls for "
                 "decoupled models.'"
             )
-        policy = QueuePolicy.from_config(target.config)
+        policy = target.config.queue_policy
         level = policy.level_of(call.parameters)
         request = Request(
             request_id,
@@ -290,11 +289,12 @@ class BlsClient:
         if known is not None and now - known.read_at < RECORD_TTL_S:
             return known
         raw = await self._redis.hget(keys.MODELS, model)
-        record = decode_model_record(raw) if raw is not None else {}
+        record = ModelRecord.decode(raw) if raw is not None else None
         wanted = await self._redis.hget(keys.DESIRED, model)
-        if wanted is not None and not decode_desired(wanted).loaded:
-            record = {}
-        target = _Target(record.get("config"), list(record.get("versions") or []), now)
+        if record is None or (wanted is not None and not decode_desired(wanted).loaded):
+            target = _Target(None, [], now)
+        else:
+            target = _Target(record.config, record.versions, now)
         self._targets[model] = target
         return target
 
