@@ -108,16 +108,16 @@ def _bulk_status(status: BulkStatus, code: int = 200) -> HttpResponse:
     return HttpResponse(code, orjson.dumps(status.to_json()), headers)
 
 
-def _wait_seconds(query: str) -> float:
+def _wait_s(query: str) -> float:
     for key, value in parse_qsl(query):
         if key == "wait":
             try:
-                wait = float(value)
+                wait_s = float(value)
             except ValueError:
                 raise InvalidInput("'wait' must be a number of seconds") from None
-            if not wait >= 0:
+            if not wait_s >= 0:
                 raise InvalidInput("'wait' must not be negative")
-            return wait
+            return wait_s
     return 0.0
 
 
@@ -338,7 +338,7 @@ class GatewayApp:
         return _job_state(state)
 
     async def _get_job(self, request: HttpRequest, params: Params) -> HttpResponse:
-        wait_s = _wait_seconds(request.query)
+        wait_s = _wait_s(request.query)
         found = await self.jobs.get(params["job"], wait_s, request.disconnected)
         if isinstance(found, JobResponses):
             return json_response(found.to_json())

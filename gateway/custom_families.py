@@ -67,12 +67,12 @@ def _families(reported: Any) -> Iterator[tuple[str, cm.Kind, str, list[Any]]]:
             yield name, kind, help_text, series
 
 
-def _merge(family: _Family, labels: Any, value: Any, at_ms: Any) -> None:
+def _merge(family: _Family, labels: Any, value: Any, raw_at_ms: Any) -> None:
     if not isinstance(labels, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
     ):
         return
-    at = at_ms if isinstance(at_ms, int) else 0
+    at_ms = raw_at_ms if isinstance(raw_at_ms, int) else 0
     key = tuple(sorted(labels.items()))
     if family.kind == "histogram":
         _merge_histogram(family, key, labels, value)
@@ -81,11 +81,11 @@ def _merge(family: _Family, labels: Any, value: Any, at_ms: Any) -> None:
         return
     series = family.series.get(key)
     if series is None:
-        family.series[key] = _Series(labels, value, at)
+        family.series[key] = _Series(labels, value, at_ms)
     elif family.kind == "counter":
         series.value += value
-    elif at > series.at_ms:
-        series.value, series.at_ms = value, at
+    elif at_ms > series.at_ms:
+        series.value, series.at_ms = value, at_ms
 
 
 def _merge_histogram(family: _Family, key: LabelKey, labels: dict[str, str], value: Any) -> None:

@@ -173,12 +173,12 @@ class JobStore:
         (its client left)."""
         if wait_s <= 0:
             return await self._read(job_id)
-        deadline = time.monotonic() + wait_s
+        deadline_s = time.monotonic() + wait_s
         with self.watch.watching(job_id, gone) as changed:
             while True:
                 changed.clear()
                 job = await self._read(job_id)
-                left_s = deadline - time.monotonic()
+                left_s = deadline_s - time.monotonic()
                 if job is None or job.result is not None or left_s <= 0:
                     return job
                 if gone is not None and gone.done():

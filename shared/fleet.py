@@ -39,7 +39,7 @@ def _or_missing(value: Any, missing: Any) -> Any:
     return value
 
 
-def member_json(member: Member, now: int) -> dict[str, Any]:
+def member_json(member: Member, at_ms: int) -> dict[str, Any]:
     """A member as JSON: identity, heartbeat age, models, and what its heartbeat reports."""
     info = dict(member.info)
     instances: Mapping[str, int] = info.pop("instances", {}) or {}
@@ -56,14 +56,14 @@ def member_json(member: Member, now: int) -> dict[str, Any]:
         "kind": member.kind,
         "host": member.host,
         "pid": member.pid,
-        "heartbeat_age_ms": max(0, now - member.heartbeat_ms),
+        "heartbeat_age_ms": max(0, at_ms - member.heartbeat_ms),
         "models": models,
         **info,
     }
 
 
 async def _model_queue(
-    redis: AsyncClient, model: str, levels: tuple[int, ...], partitions: int, now: int
+    redis: AsyncClient, model: str, levels: tuple[int, ...], partitions: int, at_ms: int
 ) -> dict[str, Any]:
     """Depth, group lag and pending, oldest entry age and dead letters of one model (over
     its partitions: shared/partitions.py)."""
@@ -77,7 +77,7 @@ async def _model_queue(
         replies = await pipe.execute(raise_on_error=False)
     depth = pending = 0
     lag: int | None = 0
-    oldest: int | None = None
+    oldest_ms: int | None = None
     for i in range(len(streams)):
         length, groups, first = replies[3 * i : 3 * i + 3]
         length = int(_or_missing(length, 0))
@@ -92,13 +92,13 @@ async def _model_queue(
             pending += int(group.get("pending") or 0)
         first = _or_missing(first, [])
         if first:
-            added = _entry_ms(first[0][0])
-            oldest = added if oldest is None else min(oldest, added)
+            added_ms = _entry_ms(first[0][0])
+            oldest_ms = added_ms if oldest_ms is None else min(oldest_ms, added_ms)
     return {
         "queue_depth": depth,
         "lag": lag,
         "pending": pending,
-        "oldest_waiting_ms": None if oldest is None else max(0, now - oldest),
+        "oldest_waiting_ms": None if oldest_ms is None else max(0, at_ms - oldest_ms),
         "dead_letters": int(_or_missing(replies[-1], 0)),
     }
 
@@ -114,8 +114,8 @@ async def fleet_status(redis: AsyncClient) -> dict[str, Any]:
         pipe.hgetall(keys.FLEET)
         pipe.hgetall(keys.MODELS)
         fleet_raw, models_raw = await pipe.execute()
-    now = now_ms()
-    members, _ = live_members(fleet_raw, now)
+    at_ms = now_ms()
+    members, _ = live_members(fleet_raw, at_ms)
     members.sort(key=lambda m: (m.kind != "worker", m.id))
     records = {_text(name): decode_model_record(blob) for name, blob in models_raw.items()}
     served: dict[str, list[str]] = {}
@@ -134,7 +134,7 @@ async def fleet_status(redis: AsyncClient) -> dict[str, Any]:
     queues = await asyncio.gather(
         *(
             _model_queue(
-                redis, n, QueuePolicy.from_config(c or {}).levels, config_partitions(c), now
+                redis, n, QueuePolicy.from_config(c or {}).levels, config_partitions(c), at_ms
             )
             for n, c in zip(names, configs, strict=True)
         )
@@ -150,4 +150,4 @@ async def fleet_status(redis: AsyncClient) -> dict[str, Any]:
         }
         for name, queue in zip(names, queues, strict=True)
     }
-    return {"members": [member_json(m, now) for m in members], "models": models}
+    return {"members": [member_json(m, at_ms) for m in members], "models": models}

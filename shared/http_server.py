@@ -95,7 +95,7 @@ class _Connection(asyncio.Protocol):
         self.worker: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         #: when the connection's timer expires (loop time), and why (None: idle).
-        self.deadline = 0.0
+        self.deadline_s = 0.0
         self.deadline_message: str | None = None
         #: a request was refused before it was whole: what the client still sends is dropped.
         self.refused = False
@@ -241,18 +241,18 @@ class _Connection(asyncio.Protocol):
         waking at least once per shortest timeout so that no deadline set meanwhile is checked
         late.
         """
-        self.deadline = self.loop.time() + delay_s
+        self.deadline_s = self.loop.time() + delay_s
         self.deadline_message = message
         if self.timer is None:
             self._start_timer()
 
     def _start_timer(self) -> None:
-        check_at = self.loop.time() + min(REQUEST_TIMEOUT_S, IDLE_TIMEOUT_S)
-        self.timer = self.loop.call_at(min(self.deadline, check_at), self._on_timer)
+        check_at_s = self.loop.time() + min(REQUEST_TIMEOUT_S, IDLE_TIMEOUT_S)
+        self.timer = self.loop.call_at(min(self.deadline_s, check_at_s), self._on_timer)
 
     def _on_timer(self) -> None:
         self.timer = None
-        if self.loop.time() < self.deadline:
+        if self.loop.time() < self.deadline_s:
             self._start_timer()
             return
         message = self.deadline_message
@@ -330,7 +330,7 @@ class _Connection(asyncio.Protocol):
             self._refuse(self.refusal_answer)
         elif self.refused or message is None:
             self._arm(LINGER_S if self.refused else IDLE_TIMEOUT_S, None)
-        elif self.loop.time() >= self.deadline:
+        elif self.loop.time() >= self.deadline_s:
             self._refuse(error_response(RequestTimeout(message)))
         elif self.timer is None:
             self._start_timer()
@@ -484,13 +484,13 @@ class HttpServer:
         them (with an error), and get `answer_s` more for their answers to be written.
         """
         self.closing = True
-        deadline = asyncio.get_running_loop().time() + timeout_s
+        deadline_s = asyncio.get_running_loop().time() + timeout_s
         await self._take_arrivals()
         if self._server is not None:
             self._server.close()
         drained = await self._drained(timeout_s)
         while drained and await self._take_arrivals():
-            drained = await self._drained(deadline - asyncio.get_running_loop().time())
+            drained = await self._drained(deadline_s - asyncio.get_running_loop().time())
         if not drained:
             log.warning("shutdown: %d requests still in flight after %gs", self.busy, timeout_s)
             if on_timeout is not None:

@@ -29,6 +29,8 @@ from sluice.shared.errors import OutOfMemory, Unavailable
 
 #: socket timeouts keep a dead Redis from hanging a request; blocking reads pass their own.
 CONNECT_TIMEOUT_S = 2.0
+#: how long a command waits for its reply, unless the caller sets its own.
+SOCKET_TIMEOUT_S = 10.0
 CLUSTER_PARAM = "cluster"
 SENTINEL_SCHEME = "redis+sentinel"
 DEFAULT_SENTINEL_PORT = 26379
@@ -155,7 +157,7 @@ async def initialized(client: Any) -> None:
             await client.initialize()
 
 
-def async_client(url: str, *, socket_timeout_s: float | None = 10.0) -> Any:
+def async_client(url: str, *, socket_timeout_s: float | None = SOCKET_TIMEOUT_S) -> Any:
     """An asyncio client (hiredis parser when installed) with no response decoding."""
     plain, cluster = split_cluster_flag(url)
     options: dict[str, Any] = {
@@ -175,7 +177,10 @@ def async_client(url: str, *, socket_timeout_s: float | None = 10.0) -> Any:
 
 def sync_client(url: str) -> Any:
     plain, cluster = split_cluster_flag(url)
-    options: dict[str, Any] = {"socket_connect_timeout": CONNECT_TIMEOUT_S, "socket_timeout": 10.0}
+    options: dict[str, Any] = {
+        "socket_connect_timeout": CONNECT_TIMEOUT_S,
+        "socket_timeout": SOCKET_TIMEOUT_S,
+    }
     sentinel = parse_sentinel_url(plain)
     if sentinel is not None:
         manager = redis.sentinel.Sentinel(sentinel.sentinels, sentinel_kwargs=SENTINEL_OPTIONS)

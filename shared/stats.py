@@ -173,11 +173,13 @@ class BatchStats:
         """Count the batch's requests (enqueued at `enqueued_ns`, `queue_samples_ns` already
         taken for each) as answered at `finished_ns`: one answered with an error is a failure
         with its duration alone, as Triton counts a request its backend failed."""
-        durations = [max(0, finished_ns - e) for e in enqueued_ns]
+        durations_ns = [max(0, finished_ns - at_ns) for at_ns in enqueued_ns]
         self.requests_failed = sum(failed)
         self.requests_ok = len(failed) - self.requests_failed
-        self.failed_samples_ns = [d for d, bad in zip(durations, failed, strict=True) if bad]
-        self.request_samples_ns = [d for d, bad in zip(durations, failed, strict=True) if not bad]
+        self.failed_samples_ns = [d for d, bad in zip(durations_ns, failed, strict=True) if bad]
+        self.request_samples_ns = [
+            d for d, bad in zip(durations_ns, failed, strict=True) if not bad
+        ]
         self.queue_samples_ns = [
             q for q, bad in zip(self.queue_samples_ns, failed, strict=True) if not bad
         ]
@@ -254,7 +256,7 @@ LATENCY_BUCKETS_S = (
     5.0,
     10.0,
 )
-_BUCKET_BOUNDS_NS = [int(b * 1e9) for b in LATENCY_BUCKETS_S]
+_BUCKET_BOUNDS_NS = [int(bound_s * 1e9) for bound_s in LATENCY_BUCKETS_S]
 
 #: a generative model's fields (after "<version>:"): time-to-first-token and inter-token
 #: latency histograms (per-bucket counts under these prefixes, sums in nanoseconds), tokens.
@@ -270,8 +272,8 @@ DEAD_LETTERED = "all:dead_lettered"
 def histogram_increments(prefix: str, samples_ns: list[int]) -> list[str | int]:
     """Per-bucket (not cumulative) counts, so that many workers can add to them."""
     counts: dict[int, int] = {}
-    for sample in samples_ns:
-        index = bisect.bisect_left(_BUCKET_BOUNDS_NS, sample)
+    for sample_ns in samples_ns:
+        index = bisect.bisect_left(_BUCKET_BOUNDS_NS, sample_ns)
         counts[index] = counts.get(index, 0) + 1
     return [x for index, count in counts.items() for x in (f"{prefix}{index}", count)]
 
@@ -279,9 +281,9 @@ def histogram_increments(prefix: str, samples_ns: list[int]) -> list[str | int]:
 def histogram(stats: VersionStats, prefix: str) -> list[tuple[str, int]]:
     """Cumulative Prometheus buckets from the per-bucket counts."""
     buckets, total = [], 0
-    for index, bound in enumerate(LATENCY_BUCKETS_S):
+    for index, bound_s in enumerate(LATENCY_BUCKETS_S):
         total += stats.get(f"{prefix}{index}")
-        buckets.append((str(bound), total))
+        buckets.append((str(bound_s), total))
     buckets.append(("+Inf", total + stats.get(f"{prefix}{len(LATENCY_BUCKETS_S)}")))
     return buckets
 
