@@ -39,6 +39,8 @@ MAXMEMORY_SHARE = 4
 CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 STARTUP_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 5.0
+#: how often a starting server is asked whether it is ready.
+READY_POLL_S = 0.01
 
 
 def redis_server_binary() -> str:
@@ -179,7 +181,7 @@ class EmbeddedRedis:
         return self
 
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        deadline_s = time.monotonic() + STARTUP_TIMEOUT_S
         client = redis.Redis(unix_socket_path=self.socket_path)
         try:
             while True:
@@ -189,9 +191,9 @@ class EmbeddedRedis:
                     client.ping()
                     return
                 except (redis.ConnectionError, redis.BusyLoadingError, FileNotFoundError):
-                    if time.monotonic() > deadline:
+                    if time.monotonic() > deadline_s:
                         raise RuntimeError("redis-server did not start") from None
-                    time.sleep(0.01)
+                    time.sleep(READY_POLL_S)
         finally:
             client.close()
 

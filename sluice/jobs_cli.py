@@ -122,6 +122,7 @@ def jobs() -> None:
 )
 @click.option(
     "--ttl",
+    "ttl_s",
     type=click.IntRange(min=60),
     default=DEFAULT_TTL_S,
     show_default=True,
@@ -136,7 +137,7 @@ def submit(
     bulk_id: str | None,
     version: int | None,
     window: int,
-    ttl: int,
+    ttl_s: int,
 ) -> None:
     """Queue a bulk job; prints its id (and waits for it with --output)."""
     connection = _connect(redis_url, serve_pid)
@@ -150,7 +151,7 @@ def submit(
         bulk_id=bulk_id,
         version=version,
         window=window,
-        ttl_s=ttl,
+        ttl_s=ttl_s,
     )
     click.echo(status.id)
     if output is None:

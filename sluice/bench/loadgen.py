@@ -80,16 +80,16 @@ def error_kind(status: int, body: bytes) -> str:
 
 
 async def _send(conn: Connection, request: bytes, load: Load) -> None:
-    start = time.perf_counter_ns()
+    start_ns = time.perf_counter_ns()
     try:
         status, body = await conn.exchange(request)
     except CONNECTION_ERRORS as exc:
         conn.close()
         load.recorder.errors[f"connection: {type(exc).__name__}"] += 1
         return
-    latency = time.perf_counter_ns() - start
+    latency_ns = time.perf_counter_ns() - start_ns
     if status == 200:
-        load.recorder.latencies_ns.append(latency)
+        load.recorder.latencies_ns.append(latency_ns)
     else:
         load.recorder.errors[error_kind(status, body)] += 1
 
@@ -121,13 +121,13 @@ async def _open_loop(
     idle: asyncio.Queue[Connection] = asyncio.Queue()
     connections: list[Connection] = []
     in_flight: set[asyncio.Task[None]] = set()
-    due = loop.time()
+    due_s = loop.time()
     try:
         while load.running:
-            due += rng.expovariate(rate) if poisson else 1 / rate
-            delay = due - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            due_s += rng.expovariate(rate) if poisson else 1 / rate
+            delay_s = due_s - loop.time()
+            if delay_s > 0:
+                await asyncio.sleep(delay_s)
             if idle.empty() and len(connections) < MAX_OPEN_LOOP_CONNECTIONS:
                 connections.append(await Connection(target.host, target.port).open())
                 conn = connections[-1]
@@ -144,9 +144,9 @@ async def _open_loop(
             conn.close()
 
 
-async def _wait(tasks: list[asyncio.Task[None]], seconds: float) -> None:
+async def _wait(tasks: list[asyncio.Task[None]], duration_s: float) -> None:
     """Let the load run; a load task that failed (server gone) ends the run."""
-    done, _ = await asyncio.wait(tasks, timeout=seconds, return_when=asyncio.FIRST_EXCEPTION)
+    done, _ = await asyncio.wait(tasks, timeout=duration_s, return_when=asyncio.FIRST_EXCEPTION)
     for task in done:
         task.result()
 
@@ -178,21 +178,23 @@ async def _measure_level(
     await _wait(tasks, settings.warmup_s)
     before = await probe.totals()
     load.swap()
-    start, cpu = time.perf_counter(), time.process_time()
+    start_s, cpu_s = time.perf_counter(), time.process_time()
     samples: list[WindowSample] = []
     trials: list[Measurement] = []
     while len(trials) < settings.max_trials and not is_stable(trials, settings.stability_percent):
         await _wait(tasks, settings.window_s)
         recorder = load.swap()
-        end, cpu_end = time.perf_counter(), time.process_time()
+        end_s, cpu_end_s = time.perf_counter(), time.process_time()
         after = await probe.totals()
         server = after - before if after is not None and before is not None else None
         samples.append(
-            WindowSample(end - start, cpu_end - cpu, recorder.latencies_ns, recorder.errors, server)
+            WindowSample(
+                end_s - start_s, cpu_end_s - cpu_s, recorder.latencies_ns, recorder.errors, server
+            )
         )
         trials.append(measure(samples[-1:], settings.batch_size))
         on_window(level, len(trials), trials[-1])
-        before, start, cpu = after, end, cpu_end
+        before, start_s, cpu_s = after, end_s, cpu_end_s
     stable = is_stable(trials, settings.stability_percent)
     return LevelResult(
         level, stable, trials, measure(samples[-STABLE_WINDOWS:], settings.batch_size)

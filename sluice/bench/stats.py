@@ -80,8 +80,8 @@ def summarize(latencies_ns: Sequence[int]) -> Latency | None:
 
 def measure(windows: Sequence[WindowSample], batch_size: int) -> Measurement:
     """Merge windows: latency percentiles over all their samples, rates over their total time."""
-    duration = sum(w.duration_s for w in windows)
-    latencies = [x for w in windows for x in w.latencies_ns]
+    duration_s = sum(w.duration_s for w in windows)
+    latencies_ns = [x for w in windows for x in w.latencies_ns]
     errors: Counter[str] = Counter()
     for w in windows:
         errors.update(w.errors)
@@ -91,13 +91,13 @@ def measure(windows: Sequence[WindowSample], batch_size: int) -> Measurement:
         server = split(sum((s for s in servers if s is not None), ServerTotals()))
     return Measurement(
         windows=len(windows),
-        duration_s=duration,
-        requests=len(latencies),
+        duration_s=duration_s,
+        requests=len(latencies_ns),
         errors=sum(errors.values()),
         error_kinds=dict(errors),
-        throughput=len(latencies) * batch_size / duration if duration else 0.0,
-        latency=summarize(latencies),
-        client_cpu=sum(w.cpu_s for w in windows) / duration if duration else 0.0,
+        throughput=len(latencies_ns) * batch_size / duration_s if duration_s else 0.0,
+        latency=summarize(latencies_ns),
+        client_cpu=sum(w.cpu_s for w in windows) / duration_s if duration_s else 0.0,
         server=server,
     )
 
@@ -115,5 +115,5 @@ def is_stable(measurements: Sequence[Measurement], percent: float) -> bool:
     if len(measurements) < STABLE_WINDOWS:
         return False
     last = measurements[-STABLE_WINDOWS:]
-    p95 = [m.latency.p95_us if m.latency else 0.0 for m in last]
-    return within([m.throughput for m in last], percent) and within(p95, percent)
+    p95_us = [m.latency.p95_us if m.latency else 0.0 for m in last]
+    return within([m.throughput for m in last], percent) and within(p95_us, percent)
