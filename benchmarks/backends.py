@@ -3,7 +3,7 @@ reference MLP, side by side in one run: the same weights as `mlp`, `mlp_pt2`, `m
 `mlp_openvino` and `mlp_tf` of the example repository.
 
 (a) Model-bound: each model loaded in this process by the worker's own backend
-(`sluice.workers.backends.load_instance`, as a worker loads it: one intra-op thread), called on
+(`sluice.workers.backends.load_function`, as a worker loads it: one intra-op thread), called on
 batches of 1 and 64 rows in turns (one trial of each backend after another, so that the drift
 of a shared machine spreads over them all); rows per second, median of the trials.
 (b) Served: one `sluice serve` (embedded Redis, one worker) on a repository holding the
@@ -46,7 +46,7 @@ from compare_triton import EXAMPLES, perf_analyzer  # noqa: E402
 from http_servers import running  # noqa: E402
 from sluice.shared.errors import SluiceError  # noqa: E402
 from sluice.shared.model_config import load_model_config  # noqa: E402
-from sluice.workers.backends import load_instance  # noqa: E402
+from sluice.workers.backends import load_function  # noqa: E402
 
 from sluice.embedded_redis import EmbeddedRedis  # noqa: E402
 
@@ -73,11 +73,9 @@ def load(model: str) -> Infer | str:
         spec = load_model_config(model_dir)
         if not (model_dir / "1" / spec.model_filename).exists():
             return f"{model}/1/{spec.model_filename} not built (python examples/build_models.py)"
-        infer = load_instance(spec, model_dir, 1, torch.device("cpu"), 0)
+        return load_function(spec, model_dir, 1, torch.device("cpu"), 0)
     except SluiceError as exc:
         return str(exc)
-    assert callable(infer)
-    return infer  # type: ignore[return-value]  # not a Triton Python model
 
 
 def model_bound(trials: int, seconds: float) -> dict[tuple[str, int], float | str]:

@@ -24,9 +24,10 @@ import torch
 from sluice.shared.errors import SluiceError
 from sluice.shared.model_config import ModelSpec, load_model_config
 from sluice.shared.protocol import Request, Tensor
-from sluice.workers.backends import Infer, load_instance
+from sluice.workers.backends import load_function
 from sluice.workers.cuda_staging import CudaStaging, Staged
-from sluice.workers.execution import run_batch
+from sluice.workers.instance import Batch
+from sluice.workers.stacked import StackedInstance, TensorFunction
 from sluice.workers.stage_ahead import StageAhead
 
 #: the largest relative difference that still counts as the model's answer (FP32 kernels
@@ -40,14 +41,14 @@ def batch_path_errors(
     model_dir: Path, width: int, batch: int, device: torch.device
 ) -> dict[str, float]:
     """The worker path's and the staged path's difference from the model, BATCHES batches each."""
-    spec, infer, staging = instance(model_dir, device)
+    spec, stacked, staging = instance(model_dir, device)
     generator = torch.Generator().manual_seed(1)
     rows = [torch.randn(batch, width, generator=generator) for _ in range(BATCHES)]
     batches = [one_row_requests(f"b{b}", r) for b, r in enumerate(rows)]
     sizes = [1] * batch
 
     def run(requests: Sequence[Request], staged: Staged | None = None) -> Sequence[object]:
-        results, _ = run_batch(spec, infer, requests, sizes, device, staging=staging, staged=staged)
+        results, _ = stacked.run(Batch(requests, sizes, staging=staging, staged=staged))
         return results
 
     plain = [run(requests) for requests in batches]
@@ -60,7 +61,7 @@ def batch_path_errors(
             staged.append(running.result())
             running = lane.submit(run, requests, ahead.take(requests))
         staged.append(running.result())
-    expected = [forward(infer, r, device) for r in rows]
+    expected = [forward(stacked.function, r, device) for r in rows]
     return {
         "worker_path": max(_error(a, e) for a, e in zip(plain, expected, strict=True)),
         "staged_path": max(_error(a, e) for a, e in zip(staged, expected, strict=True)),
@@ -90,23 +91,24 @@ def served_error(url: str, model: str, model_dir: Path, width: int, device: torc
         (output,) = json.loads(response.read())["outputs"]
     answer = np.asarray(output["data"], dtype=np.float32).reshape(output["shape"])
     spec = load_model_config(model_dir)
-    expected = forward(load_instance(spec, model_dir, 1, device, 0), rows, device)
+    expected = forward(load_function(spec, model_dir, 1, device, 0), rows, device)
     return _relative(answer, expected)
 
 
-def forward(infer: Infer, rows: torch.Tensor, device: torch.device) -> np.ndarray:
+def forward(infer: TensorFunction, rows: torch.Tensor, device: torch.device) -> np.ndarray:
     """The model's own answer for `rows`, its inputs and outputs moved by plain copies."""
-    assert callable(infer)
     with torch.inference_mode():
         outputs = infer({"INPUT__0": rows.to(device)})
     return outputs["OUTPUT__0"].cpu().numpy()
 
 
-def instance(model_dir: Path, device: torch.device) -> tuple[ModelSpec, Infer, CudaStaging | None]:
+def instance(
+    model_dir: Path, device: torch.device
+) -> tuple[ModelSpec, StackedInstance, CudaStaging | None]:
     """The model's spec, one loaded instance on `device`, and its staging on a GPU."""
     spec = load_model_config(model_dir)
-    infer = load_instance(spec, model_dir, 1, device, 0)
-    return spec, infer, CudaStaging(device) if device.type == "cuda" else None
+    stacked = StackedInstance(spec, load_function(spec, model_dir, 1, device, 0), device)
+    return spec, stacked, CudaStaging(device) if device.type == "cuda" else None
 
 
 def one_row_requests(prefix: str, rows: torch.Tensor) -> list[Request]:

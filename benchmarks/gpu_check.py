@@ -6,8 +6,9 @@ utilisation read from NVML during each served level.
     python benchmarks/gpu_check.py --cpu-dry-run  # the same steps, tiny and on the CPU
 
 Columns: `alone` is the model's forward at batch 64 on inputs already on the device (what the
-GPU can do); `worker path` is `run_batch` on 64 one-row requests through the instance's staging
-(pinned buffers, its stream, outputs back to the host: the worker without Redis or HTTP);
+GPU can do); `worker path` is a StackedInstance's run on 64 one-row requests through the
+instance's staging (pinned buffers, its stream, outputs back to the host: the worker without
+Redis or HTTP);
 `staged ahead` is that path on a lane's thread with each next batch's inputs copied ahead
 while the lane computes (`sluice.workers.stage_ahead`, one instance's overlap);
 `c=N` is served throughput with N clients of one row each, its median latency, the mean batch
@@ -54,10 +55,10 @@ from gpu_answers import (  # noqa: E402
 from http_servers import running  # noqa: E402
 from sluice.shared import device_metrics as dm  # noqa: E402
 from sluice.shared.model_config import load_model_config  # noqa: E402
-from sluice.workers.backends import load_instance  # noqa: E402
+from sluice.workers.backends import load_function  # noqa: E402
 from sluice.workers.cuda_staging import Staged  # noqa: E402
 from sluice.workers.device_sampler import GpuSampler, cuda_gpu_uuids, open_nvml  # noqa: E402
-from sluice.workers.execution import run_batch  # noqa: E402
+from sluice.workers.instance import Batch  # noqa: E402
 from sluice.workers.stage_ahead import StageAhead  # noqa: E402
 
 from sluice.embedded_redis import EmbeddedRedis  # noqa: E402
@@ -128,8 +129,7 @@ def synchronize(device: torch.device) -> None:
 def alone(model_dir: Path, width: int, device: torch.device, seconds: float) -> float:
     """Rows per second of the model's forward at batch 64, its inputs on the device."""
     spec = load_model_config(model_dir)
-    infer = load_instance(spec, model_dir, 1, device, 0)
-    assert callable(infer)
+    infer = load_function(spec, model_dir, 1, device, 0)
     inputs = {"INPUT__0": torch.randn(BATCH, width, device=device)}
     with torch.inference_mode():
         for _ in range(10):
@@ -146,20 +146,20 @@ def alone(model_dir: Path, width: int, device: torch.device, seconds: float) -> 
 
 def _batch_path(model_dir: Path, width: int, device: torch.device) -> tuple[Any, ...]:
     """The model's spec, one loaded instance, its staging and 64 one-row requests."""
-    spec, infer, staging = instance(model_dir, device)
-    return spec, infer, staging, one_row_requests("", torch.randn(1, width).expand(BATCH, -1))
+    spec, stacked, staging = instance(model_dir, device)
+    return spec, stacked, staging, one_row_requests("", torch.randn(1, width).expand(BATCH, -1))
 
 
 def worker_path(model_dir: Path, width: int, device: torch.device, seconds: float) -> float:
     """Rows per second of the worker's batch path (stack, copy in, run, copy out, cut) on 64
     one-row requests, through an instance's staging on a GPU."""
-    spec, infer, staging, requests = _batch_path(model_dir, width, device)
-    sizes = [1] * BATCH
+    _, stacked, staging, requests = _batch_path(model_dir, width, device)
+    batch = Batch(requests, [1] * BATCH, staging=staging)
     for _ in range(10):
-        run_batch(spec, infer, requests, sizes, device, staging=staging)
+        stacked.run(batch)
     batches, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
-        run_batch(spec, infer, requests, sizes, device, staging=staging)
+        stacked.run(batch)
         batches += 1
     return batches * BATCH / (time.perf_counter() - start)
 
@@ -167,11 +167,11 @@ def worker_path(model_dir: Path, width: int, device: torch.device, seconds: floa
 def staged_path(model_dir: Path, width: int, device: torch.device, seconds: float) -> float:
     """The same path on one lane's thread, each next batch's inputs staged ahead on this
     thread while the lane runs the current one, as the batch loop does on a GPU."""
-    spec, infer, staging, requests = _batch_path(model_dir, width, device)
+    spec, stacked, staging, requests = _batch_path(model_dir, width, device)
     sizes, ahead = [1] * BATCH, StageAhead(spec, device)
 
     def run(staged: Staged | None) -> object:
-        return run_batch(spec, infer, requests, sizes, device, staging=staging, staged=staged)
+        return stacked.run(Batch(requests, sizes, staging=staging, staged=staged))
 
     batches, start = 0, time.perf_counter()
     with ThreadPoolExecutor(1) as lane:

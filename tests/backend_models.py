@@ -16,7 +16,7 @@ import pytest
 import tritonclient.http as httpclient
 from sluice.shared.errors import ModelConfigError
 from sluice.shared.model_config import ModelSpec, load_model_config
-from sluice.workers.backends import choose_device, complete_config, load_instance
+from sluice.workers.backends import choose_device, complete_config, load_function
 from tritonclient.utils import np_to_triton_dtype
 
 from tests.conftest import Service, serving_alone
@@ -43,7 +43,7 @@ def model_spec(model_dir: Path) -> ModelSpec:
 def model_instance(model_dir: Path) -> Any:
     """Version 1's first instance, on the device the worker would pick."""
     spec = model_spec(model_dir)
-    return load_instance(spec, model_dir, 1, choose_device(spec), 0)
+    return load_function(spec, model_dir, 1, choose_device(spec), 0)
 
 
 def load_error(model_dir: Path) -> str:

@@ -25,9 +25,11 @@ from sluice.workers.backends import (
     Backend,
     choose_device,
     complete_config,
+    load_function,
     load_instance,
 )
 from sluice.workers.backends.onnxruntime import session_options
+from sluice.workers.stacked import StackedInstance
 
 from tests.backend_models import load_error, model_instance, model_spec
 
@@ -194,7 +196,7 @@ def test_scalars_are_dims_one_without_batching(tmp_path: Path) -> None:
     spec = model_spec(model_dir)
     assert spec.max_batch_size == 0
     assert [(t.dims, t.reshape) for t in (*spec.inputs, *spec.outputs)] == [((1,), None)] * 2
-    infer = load_instance(spec, model_dir, 1, choose_device(spec), 0)
+    infer = load_function(spec, model_dir, 1, choose_device(spec), 0)
     out = infer({"x": torch.tensor([1.5])})
     assert out["y"].tolist() == [3.0]
 
@@ -405,10 +407,11 @@ def test_a_missing_package_makes_the_model_unavailable_naming_the_extra(
     assert entries["py"].error is None and entries["py"].spec is not None
     spec = load_model_config(model_dir)
     with pytest.raises(ModelConfigError, match=re.escape(f"model 'full' {reason}")):
-        load_instance(spec, model_dir, 1, choose_device(spec), 0)
+        load_function(spec, model_dir, 1, choose_device(spec), 0)
     python = entries["py"].spec
-    infer = load_instance(python, tmp_path / "py", 1, choose_device(python), 0)
-    assert infer({"A": torch.ones(1, 1)})["B"].tolist() == [[1.0]]
+    instance = load_instance(python, tmp_path / "py", 1, choose_device(python), 0)
+    assert isinstance(instance, StackedInstance)
+    assert instance.function({"A": torch.ones(1, 1)})["B"].tolist() == [[1.0]]
 
 
 def test_onnx_inputs_are_stacked_on_the_host(tmp_path: Path) -> None:
@@ -441,7 +444,7 @@ def test_a_model_exported_by_torch_onnx_serves_as_torch_computes(tmp_path: Path)
     spec = model_spec(tmp_path / "exported")
     assert (spec.max_batch_size, spec.inputs[0].dims, spec.outputs[0].dims) == (4, (6,), (2,))
     x = torch.randn(3, 6)
-    out = load_instance(spec, tmp_path / "exported", 1, choose_device(spec), 0)({"features": x})
+    out = load_function(spec, tmp_path / "exported", 1, choose_device(spec), 0)({"features": x})
     with torch.no_grad():
         np.testing.assert_allclose(out["scores"], module(x).numpy(), rtol=1e-5, atol=1e-6)
 

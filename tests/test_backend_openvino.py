@@ -20,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 from sluice.shared.errors import ModelConfigError
 from sluice.shared.model_config import load_model_config
 from sluice.shared.repository import scan_repository
-from sluice.workers.backends import choose_device, complete_config, load_instance
+from sluice.workers.backends import choose_device, complete_config, load_function
 from sluice.workers.backends.openvino import compile_model, parse_options
 
 from tests.backend_models import load_error, model_instance, model_spec, run_script
@@ -131,7 +131,7 @@ def test_a_model_without_layouts_is_completed_without_batching(tmp_path: Path) -
     assert (spec.max_batch_size, spec.batching.dynamic) == (0, False)
     assert [t.dims for t in (*spec.inputs, *spec.outputs)] == [(-1, 4), (-1, 3), (-1, 1)]
     x = RNG.standard_normal((5, 4)).astype(np.float32)
-    out = load_instance(spec, model_dir, 1, choose_device(spec), 0)({"x": torch.from_numpy(x)})
+    out = load_function(spec, model_dir, 1, choose_device(spec), 0)({"x": torch.from_numpy(x)})
     np.testing.assert_allclose(out["y"], numpy_dense(x)["y"], rtol=1e-6, atol=1e-6)
 
 
@@ -146,7 +146,7 @@ def test_a_given_max_batch_size_takes_the_batch_dim_off_the_completed_dims(
     assert (spec.max_batch_size, spec.batching.dynamic) == (8, False)
     assert [t.dims for t in (*spec.inputs, *spec.outputs)] == [(4,), (3,), (1,)]
     x = RNG.standard_normal((3, 4)).astype(np.float32)
-    out = load_instance(spec, model_dir, 1, choose_device(spec), 0)({"x": torch.from_numpy(x)})
+    out = load_function(spec, model_dir, 1, choose_device(spec), 0)({"x": torch.from_numpy(x)})
     np.testing.assert_array_equal(out["top"], numpy_dense(x)["top"])
 
 
@@ -406,7 +406,7 @@ def test_a_tensorrt_plan_without_a_gpu_is_unavailable_with_the_reason(tmp_path: 
     spec = load_model_config(plan_dir)
     assert (spec.kind, spec.backend, spec.model_filename) == ("tensorrt", "tensorrt", "model.plan")
     with pytest.raises(ModelConfigError, match=r"needs an NVIDIA GPU") as err:
-        load_instance(spec, plan_dir, 1, choose_device(spec), 0)
+        load_function(spec, plan_dir, 1, choose_device(spec), 0)
     assert err.value.message == reason
 
 

@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 import torch
 from sluice.shared.repository import scan_repository
-from sluice.workers.backends import choose_device, complete_config, load_instance
+from sluice.workers.backends import choose_device, complete_config, load_function
 
 from tests.backend_models import load_error, model_instance, model_spec, run_script
 
@@ -165,7 +165,7 @@ def test_tensors_listed_without_max_batch_size_hint_at_batching(
     flat = model_spec(write_model(tmp_path, "flat", linear, full))
     assert (flat.max_batch_size, flat.batching.dynamic) == (0, False)
     x = torch.randn(2, 4)
-    out = load_instance(flat, tmp_path / "flat", 1, choose_device(flat), 0)({"x": x})
+    out = load_function(flat, tmp_path / "flat", 1, choose_device(flat), 0)({"x": x})
     np.testing.assert_array_equal(out["y"], linear(x.numpy())["y"])
 
 
@@ -227,7 +227,7 @@ def test_strings_round_trip(tmp_path: Path) -> None:
         ("echo", "BYTES"),
     ]
     text = np.array([[b"hello"], ["wörld".encode()]], dtype=np.object_)
-    out = load_instance(spec, model_dir, 1, choose_device(spec), 0)({"text": text})
+    out = load_function(spec, model_dir, 1, choose_device(spec), 0)({"text": text})
     assert out["echo"].tolist() == [[b"hello!"], ["wörld!".encode()]]
 
 
@@ -242,7 +242,7 @@ def test_the_signature_parameter_picks_another_signature(tmp_path: Path) -> None
     spec = model_spec(model_dir)
     assert [o.name for o in spec.outputs] == ["diff"]
     a, b = torch.randn(3, 2), torch.randn(3, 2)
-    out = load_instance(spec, model_dir, 1, choose_device(spec), 0)({"a": a, "b": b})
+    out = load_function(spec, model_dir, 1, choose_device(spec), 0)({"a": a, "b": b})
     np.testing.assert_allclose(out["diff"], (a - b).numpy(), rtol=1e-6)
 
 

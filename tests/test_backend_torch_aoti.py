@@ -24,9 +24,10 @@ import torch
 import tritonclient.http as httpclient
 from sluice.shared.errors import ModelConfigError, ModelExecutionError
 from sluice.shared.model_config import load_model_config
-from sluice.workers.backends import TensorFunction, load_instance
+from sluice.workers.backends import load_function
 from sluice.workers.backends.aoti_runner import library_entry
 from sluice.workers.backends.pt2_archive import leaf_names
+from sluice.workers.stacked import TensorFunction
 from torch import nn
 from torch.export import Dim
 from torch.utils import _pytree as pytree
@@ -156,9 +157,7 @@ def _place(repo: Path, name: str, archive: Path, text: str) -> Path:
 
 
 def _load(model_dir: Path) -> TensorFunction:
-    infer = load_instance(load_model_config(model_dir), model_dir, 1, CPU, 0)
-    assert callable(infer)
-    return infer  # type: ignore[return-value]  # a TritonInstance is never a .pt2's
+    return load_function(load_model_config(model_dir), model_dir, 1, CPU, 0)
 
 
 # -- served: batches under concurrent requests ---------------------------------------------------

@@ -13,7 +13,8 @@ import torch
 from sluice.shared.model_config import ModelSpec, load_model_config
 from sluice.shared.protocol import Request, Tensor
 from sluice.workers.cuda_staging import CudaStaging, HostBuffers, stack_into
-from sluice.workers.execution import collate, run_batch
+from sluice.workers.instance import Batch
+from sluice.workers.stacked import StackedInstance, collate
 from sluice.workers.stage_ahead import StageAhead
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -135,13 +136,14 @@ def test_a_cuda_batch_runs_on_the_instance_stream_from_pinned_buffers(tmp_path: 
         return {"y": x * 2}
 
     requests = [request(1, 2), request(2, 3)]
-    outputs, _ = run_batch(model, infer, requests, [2, 3], device, staging=staging)
+    instance = StackedInstance(model, infer, device)
+    outputs, _ = instance.run(Batch(requests, [2, 3], staging=staging))
     assert streams == [staging.stream]
     got = [np.frombuffer(out[0].data, dtype=np.float32).reshape(out[0].shape) for out in outputs]
     assert [g.tolist() for g in got] == [[[2.0, 2.0]] * 2, [[4.0, 4.0]] * 3]
     buffer = staging.buffers.take("x", 8)
     assert buffer.is_pinned()
-    run_batch(model, infer, requests[:1], [2], device, staging=staging)
+    instance.run(Batch(requests[:1], [2], staging=staging))
     assert staging.buffers.take("x", 8).data_ptr() == buffer.data_ptr()
 
 
@@ -172,14 +174,7 @@ def test_a_batch_staged_ahead_runs_after_its_copy_on_the_lane_stream(tmp_path: P
     assert staged is not None and staged.copied is not None
     x = staged.inputs["x"]
     assert isinstance(x, torch.Tensor) and x.is_cuda
-    outputs, _ = run_batch(
-        model,
-        lambda inputs: {"y": inputs["x"] * 2},
-        requests,
-        [2, 1],
-        device,
-        staging=lane,
-        staged=staged,
-    )
+    instance = StackedInstance(model, lambda inputs: {"y": inputs["x"] * 2}, device)
+    outputs, _ = instance.run(Batch(requests, [2, 1], staging=lane, staged=staged))
     got = [np.frombuffer(out[0].data, dtype=np.float32).tolist() for out in outputs]
     assert got == [[6.0] * 4, [8.0] * 2]

@@ -17,7 +17,7 @@ from sluice.gateway.triton_exposition import write
 from sluice.shared.custom_metrics import INFO_KEY, MAX_FAMILIES_PER_MODEL, MAX_SERIES_PER_MODEL
 from sluice.shared.model_config import load_model_config
 from sluice.shared.registry import Member
-from sluice.workers.backends import close_instance, complete_config, load_instance
+from sluice.workers.backends import complete_config, load_instance
 from sluice.workers.python_backend import pb_utils
 from sluice.workers.python_backend.custom_metrics import REGISTRY, Registry
 from sluice.workers.python_backend.instance import TritonInstance
@@ -227,7 +227,7 @@ def test_an_instances_families_go_when_it_closes(tmp_path: Path) -> None:
     assert isinstance(instance, TritonInstance)
     held = instance.model
     assert _reported("test_rows_total") is not None
-    close_instance(instance)
+    instance.close()
     assert _reported("test_rows_total") is None
     with pytest.raises(TritonModelException, match="'MetricFamily' has been deleted"):
         held.rows.increment(1)

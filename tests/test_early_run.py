@@ -19,6 +19,7 @@ from sluice.workers.batcher import BatchRules, Send
 from sluice.workers.early_run import EarlyRuns
 from sluice.workers.instances import Instances
 from sluice.workers.queue_state import QueueState
+from sluice.workers.stacked import StackedInstance
 
 from tests.batch_loop_harness import Launches, add_model, queued
 from tests.streams import int_request
@@ -31,6 +32,7 @@ RULES = BatchRules(
 )
 #: long enough that only a missing release lets a gated run go on.
 WAIT_S = 60.0
+CPU = torch.device("cpu")
 
 
 @pytest.fixture
@@ -45,7 +47,7 @@ class Gated:
         self.called = threading.Semaphore(0)
         self.release = threading.Semaphore(0)
         self.seen: list[list[int]] = []
-        self.instances = Instances(spec, {1: [self._infer]}, torch.device("cpu"))
+        self.instances = Instances(spec, {1: [StackedInstance(spec, self._infer, CPU)]}, CPU)
         self.instances.last_run_ns = MS  # a run takes about a millisecond
 
     def _infer(self, inputs: dict[str, Any]) -> dict[str, Any]:
@@ -188,7 +190,7 @@ def test_a_failing_early_run_fails_only_its_batch_and_a_dropped_one_nobody(
     async def run() -> tuple[list[Any], list[dict[str, Any]]]:
         loop_errors: list[dict[str, Any]] = []
         asyncio.get_running_loop().set_exception_handler(lambda _, ctx: loop_errors.append(ctx))
-        instances = Instances(spec, {1: [broken]}, torch.device("cpu"))
+        instances = Instances(spec, {1: [StackedInstance(spec, broken, CPU)]}, CPU)
         instances.last_run_ns = MS
         state = QueueState(RULES, 1, 1)
         early = EarlyRuns(state, instances, enabled=True)

@@ -76,7 +76,9 @@ def test_a_request_read_while_the_loop_flushes_its_statistics_runs(tmp_path: Pat
         answering = SimpleNamespace(
             expire=lambda expired: asyncio.sleep(0), publisher=SimpleNamespace(publish=publish)
         )
-        instances = SimpleNamespace(by_version={1: [GenerativeInstance(Counter())]})
+        model = Counter()
+        lane = GenerativeInstance(lambda _: model, lambda: None, "counter")
+        instances = SimpleNamespace(by_version={1: [lane]})
         loop = InflightLoop(spec, state, instances, answering, finals)  # type: ignore[arg-type]
         running = asyncio.create_task(loop.run())
         state.queued(queued("a", 2))

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from sluice.shared.model_config import load_model_config
 from sluice.workers.instances import Instances
+from sluice.workers.stacked import StackedInstance
 
 from tests.streams import int_model_config, int_request
 
@@ -19,6 +20,7 @@ CONFIG = int_model_config("gate")
 
 #: long enough that only a missing hand-off lets `start` return before the model is called.
 WAIT_S = 60.0
+CPU = torch.device("cpu")
 
 
 def test_start_returns_once_the_instance_thread_has_called_the_model(tmp_path: Path) -> None:
@@ -35,7 +37,8 @@ def test_start_returns_once_the_instance_thread_has_called_the_model(tmp_path: P
         return {"OUT": inputs["IN"] + 1}
 
     async def run() -> None:
-        instances = Instances(spec, {1: [infer]}, torch.device("cpu"), handoff_timeout_s=WAIT_S)
+        lanes = {1: [StackedInstance(spec, infer, CPU)]}
+        instances = Instances(spec, lanes, CPU, handoff_timeout_s=WAIT_S)
         running = instances.start(0, [int_request(4, "test")], [1])
         try:
             # the stacking and the call happened before `start` returned, not at the next await

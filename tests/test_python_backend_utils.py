@@ -22,10 +22,11 @@ from sluice.shared.model_config import ModelSpec, load_model_config
 from sluice.shared.protocol import Request, Result, Tensor
 from sluice.shared.stats import BatchStats
 from sluice.workers.backends import load_instance
+from sluice.workers.instance import Answered, Batch
 from sluice.workers.instances import Instances
 from sluice.workers.python_backend import pb_utils
 from sluice.workers.python_backend.errors import from_sluice_code, to_sluice
-from sluice.workers.python_backend.instance import Answered, TritonInstance
+from sluice.workers.python_backend.instance import TritonInstance
 from sluice.workers.python_backend.loading import complete_config, initialize_args
 from sluice.workers.python_backend.messages import response_from_result
 from sluice.workers.python_backend.tensors import to_wire
@@ -265,7 +266,7 @@ def test_two_models_with_the_same_file_name_do_not_clash(tmp_path: Path) -> None
         spec = _spec(tmp_path, name, int_model_config(name), model.format(value=value))
         instance = load_instance(spec, tmp_path / name, 1, CPU)
         assert isinstance(instance, TritonInstance)
-        (outputs,) = instance.run([int_request(0, "r")], lambda: None)
+        (outputs,), _ = instance.run(Batch([int_request(0, "r")], [1]))
         assert not isinstance(outputs, Exception)
         answers.append(np.frombuffer(outputs[0].data, np.int64).tolist())
     assert answers == [[1], [2]]
@@ -353,7 +354,7 @@ def _values(answer: object) -> object:
 @pytest.mark.parametrize("kind", ["", "async "])
 def test_each_request_gets_its_own_answer(tmp_path: Path, kind: str) -> None:
     instance = _instance(tmp_path, kind)
-    answers = instance.run([int_request(i, "r") for i in (2, 3, 4)], lambda: None)
+    answers, _ = instance.run(Batch([int_request(i, "r") for i in (2, 3, 4)], [1, 1, 1]))
     assert [_values(a) for a in answers] == [[[3]], ("model's", "InvalidInput", "odd"), [[5]]]
     assert instance.model.calls == [3]
     instance.close()
@@ -363,7 +364,7 @@ def test_outputs_not_requested_are_left_out(tmp_path: Path) -> None:
     instance = _instance(tmp_path)
     request = int_request(2, "r")
     request.outputs = ()
-    (answer,) = instance.run([request], lambda: None)
+    (answer,), _ = instance.run(Batch([request], [1]))
     assert answer == []
 
 
@@ -415,7 +416,7 @@ def test_inputs_are_views_over_the_request_bytes(tmp_path: Path) -> None:
 
     blob = np.array([[7]], np.int64).tobytes()
     request = Request("r", 1, 0, "r", [Tensor("IN", "INT64", (1, 1), memoryview(blob))])
-    TritonInstance("keep", Keep(), tmp_path, {"OUT": "INT64"}).run([request], lambda: None)
+    TritonInstance("keep", Keep(), tmp_path, {"OUT": "INT64"}).run(Batch([request], [1]))
     assert seen[0].tolist() == [[7]]
     assert not seen[0].flags.writeable
     assert seen[0].base is not None
@@ -438,7 +439,7 @@ def test_each_model_imports_its_own_helper_module(tmp_path: Path) -> None:
         (tmp_path / name / "1" / "helper.py").write_text(f"VALUE = {value}\n")
         instance = load_instance(spec, tmp_path / name, 1, CPU)
         assert isinstance(instance, TritonInstance)
-        (outputs,) = instance.run([int_request(0, "r")], lambda: None)
+        (outputs,), _ = instance.run(Batch([int_request(0, "r")], [1]))
         assert isinstance(outputs, list)
         answers.append(np.frombuffer(outputs[0].data, np.int64).tolist())
     assert answers == [[1], [2]]

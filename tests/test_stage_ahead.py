@@ -19,6 +19,7 @@ from sluice.workers.batcher import BatchRules, Send
 from sluice.workers.early_run import EarlyRuns
 from sluice.workers.instances import Instances
 from sluice.workers.queue_state import QueueState
+from sluice.workers.stacked import StackedInstance
 from sluice.workers.stage_ahead import StageAhead
 
 from tests.batch_loop_harness import Launches, add_model, queued, values
@@ -30,6 +31,7 @@ RULES = BatchRules(
 )
 #: long enough that only a missing release lets a gated run go on.
 WAIT_S = 60.0
+CPU = torch.device("cpu")
 
 
 @pytest.fixture
@@ -101,7 +103,8 @@ def _gated(
             release.wait(WAIT_S)
         return {"OUT": inputs["IN"] + 1}
 
-    return Instances(spec, {1: [infer]}, torch.device("cpu"), stage_ahead=True), release, seen
+    lanes = {1: [StackedInstance(spec, infer, CPU)]}
+    return Instances(spec, lanes, CPU, stage_ahead=True), release, seen
 
 
 def _second_batch(
@@ -151,7 +154,7 @@ def test_a_batch_changed_after_staging_is_stacked_afresh(spec: ModelSpec) -> Non
 
 
 def test_a_cpu_model_stages_nothing_by_default(spec: ModelSpec) -> None:
-    instances = Instances(spec, {1: [lambda inputs: inputs]}, torch.device("cpu"))
+    instances = Instances(spec, {1: [StackedInstance(spec, lambda inputs: inputs, CPU)]}, CPU)
     assert instances.ahead is None
     instances.shutdown()
 

@@ -18,7 +18,7 @@ from sluice.shared.idle_poll import IdlePoll
 from sluice.shared.protocol import Request, Result
 from sluice.shared.stats import BatchStats, failure_increments
 from sluice.workers.early_run import Early
-from sluice.workers.execution import BatchOutputs
+from sluice.workers.instance import BatchOutputs
 from sluice.workers.instances import Instances
 from sluice.workers.pending import Queued
 from sluice.workers.publisher import Publisher

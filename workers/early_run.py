@@ -23,7 +23,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from sluice.workers.execution import BatchOutputs
+from sluice.workers.instance import BatchOutputs
 from sluice.workers.instances import Instances
 from sluice.workers.pending import Queued
 from sluice.workers.queue_state import QueueState

@@ -20,19 +20,28 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, TypeVar
 
 import numpy as np
 from sluice.shared.datatypes import NUMPY_DTYPE, deserialize_bytes_elements
 from sluice.shared.errors import Cancelled, InvalidInput, ModelExecutionError, SluiceError
 from sluice.shared.model_config import ModelSpec
-from sluice.shared.protocol import Request, ResponseParameter, Tensor
-from sluice.workers.execution import split
+from sluice.shared.protocol import Request
 from sluice.workers.generation_stats import GenerationStats
 from sluice.workers.inflight import InflightScheduler, Iteration
 from sluice.workers.inflight import Sequence as Running
+from sluice.workers.instance import (
+    Batch,
+    BatchOutputs,
+    BatchTiming,
+    Capabilities,
+    GenerativeModel,
+    Prompt,
+    Responses,
+)
+from sluice.workers.stacked import split
 
 X = TypeVar("X")
 
@@ -44,29 +53,6 @@ DEFAULT_MAX_TOKENS = 256
 CANCELLED = "Request was cancelled: the client disconnected"
 
 
-@dataclass(frozen=True, slots=True)
-class Prompt:
-    """A joining sequence as the model sees it: the request's own inputs (not stacked: prompts
-    differ in length; BYTES as numpy object arrays of bytes) and its parameters."""
-
-    inputs: Mapping[str, np.ndarray]
-    parameters: Mapping[str, Any]
-    #: the request itself (its id, for a model that keeps state per request).
-    request: Request
-
-
-@runtime_checkable
-class GenerativeModel(Protocol):
-    def prefill(self, prompts: Sequence[Prompt]) -> Any: ...
-
-    #: outputs None: the model answered its requests itself (workers/triton_iterative.py).
-    def step(self, state: Any) -> tuple[Mapping[str, Any] | None, Sequence[bool]]: ...
-
-    def join(self, state: Any, joining: Any) -> Any: ...
-
-    def keep(self, state: Any, rows: list[int]) -> Any: ...
-
-
 def iterative(spec: ModelSpec) -> bool:
     """`sequence_batching { iterative_sequence: true }`: served by in-flight batching."""
     sequencing = spec.config_json.get("sequence_batching") or {}
@@ -74,38 +60,36 @@ def iterative(spec: ModelSpec) -> bool:
 
 
 class GenerativeInstance:
-    """A generative model as an instance lane holds it: the in-flight loop runs it
+    """A generative model as an instance lane holds it: the in-flight loop steps it
     (workers/inflight_loop.py), never a batch."""
 
-    def __init__(self, model: GenerativeModel) -> None:
-        self.model = model
+    #: it streams each request's responses itself, and a run has effects: the state.
+    capabilities = Capabilities(answers_each=True, may_run_early=False, generative=True)
 
-    def __call__(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        raise ModelExecutionError("a generative model runs only through its in-flight loop")
+    def __init__(
+        self,
+        model_for: Callable[[Responses], GenerativeModel],
+        close: Callable[[], None],
+        name: str,
+    ) -> None:
+        """`model_for(responses)`: the model, its responses going to `responses`;
+        `close`: lets it go (a Triton Python model's `finalize()`)."""
+        self._model_for = model_for
+        self._close = close
+        self._name = name
+
+    def run(self, batch: Batch) -> BatchOutputs:
+        """A batch is not how a generative model runs: each request gets the error."""
+        error = ModelExecutionError(
+            f"model '{self._name}': a generative model runs only through its in-flight loop"
+        )
+        return [error for _ in batch.requests], BatchTiming()
+
+    def generative_model(self, responses: Responses) -> GenerativeModel:
+        return self._model_for(responses)
 
     def close(self) -> None:
-        """Let the model go (a Triton Python model's `finalize()` runs)."""
-        close = getattr(self.model, "close", None)
-        if close is not None:
-            close()
-
-
-class Responses(Protocol):
-    """Where a sequence's responses go: the model queue's ResponseStream (workers/streamed.py),
-    which publishes them in order and acks the request with its final one."""
-
-    def send_tensors(
-        self,
-        request: Request,
-        tensors: Sequence[Tensor],
-        error: SluiceError | None = None,
-        final: bool = False,
-        parameters: dict[str, ResponseParameter] | None = None,
-    ) -> None: ...
-
-    def end(self, request: Request, error: SluiceError) -> bool: ...
-
-    def is_cancelled(self, request_id: str) -> bool: ...
+        self._close()
 
 
 def prompt_of(request: Request) -> Prompt:

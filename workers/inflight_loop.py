@@ -24,15 +24,14 @@ import torch
 from sluice.shared.errors import SluiceError
 from sluice.shared.model_config import ModelSpec
 from sluice.workers.answering import Answering
-from sluice.workers.execution import adopt_torch_threads
-from sluice.workers.generation import Generation, GenerativeInstance
+from sluice.workers.generation import Generation
 from sluice.workers.generation_stats import GenerationStats
 from sluice.workers.inflight import InflightScheduler, Limits
-from sluice.workers.instances import Instances
+from sluice.workers.instance import GenerativeModel, ModelInstance
+from sluice.workers.instances import Instances, adopt_torch_threads
 from sluice.workers.pending import Queued
 from sluice.workers.queue_state import QueueState
 from sluice.workers.streamed import ResponseStream
-from sluice.workers.triton_iterative import TritonIterative
 
 #: the model parameter that sets an iteration's token budget (0 or absent: none).
 TOKEN_BUDGET = "MAX_NUM_BATCHED_TOKENS"
@@ -69,23 +68,18 @@ class InflightLoop:
         self._pool = ThreadPoolExecutor(
             spec.instance_count, thread_name_prefix=spec.name, initializer=adopt_torch_threads
         )
-        for lanes in instances.by_version.values():
-            for infer in lanes:  # a Triton model's requests answer through their senders
-                model = _generative(infer)
-                if isinstance(model, TritonIterative):
-                    model.instance.responses = responses
         #: version -> one generation per instance.
         self.generations: dict[int, list[Generation]] = {
             version: [
                 Generation(
                     spec,
-                    _generative(infer),
+                    _generative(instance, responses),
                     InflightScheduler(limits(spec)),
                     responses,
                     self.stats,
                     self._on_thread,
                 )
-                for infer in lanes
+                for instance in lanes
             ]
             for version, lanes in instances.by_version.items()
         }
@@ -160,7 +154,9 @@ class InflightLoop:
             await self.answering.publisher.publish([], [], increments)
 
 
-def _generative(infer: object) -> Any:
-    if not isinstance(infer, GenerativeInstance):
+def _generative(instance: ModelInstance, responses: ResponseStream) -> GenerativeModel:
+    """The instance's generative contract, its responses going to the queue's stream."""
+    model = instance.generative_model(responses)
+    if model is None:
         raise TypeError("an iterative model's instances must be generative")
-    return infer.model
+    return model

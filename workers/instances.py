@@ -26,12 +26,19 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 from sluice.shared.errors import ModelExecutionError, SluiceError
 from sluice.shared.model_config import ModelSpec
-from sluice.shared.protocol import Request, Result, Tensor
+from sluice.shared.protocol import Request, Result
 from sluice.shared.stats import BatchStats
-from sluice.workers.backends import Infer, close_instance, instance_devices
+from sluice.workers.backends import instance_devices
 from sluice.workers.cuda_staging import CudaStaging
-from sluice.workers.execution import BatchOutputs, adopt_torch_threads, run_batch
-from sluice.workers.python_backend.instance import Answered, TritonInstance
+from sluice.workers.instance import (
+    Answer,
+    Answered,
+    Batch,
+    BatchOutputs,
+    Capabilities,
+    ModelInstance,
+    Responses,
+)
 from sluice.workers.stage_ahead import StageAhead
 
 log = logging.getLogger(__name__)
@@ -47,16 +54,21 @@ class Instances:
     def __init__(
         self,
         spec: ModelSpec,
-        instances: dict[int, list[Infer]],
+        instances: dict[int, list[ModelInstance]],
         device: torch.device,
+        responses: Responses | None = None,
         handoff_timeout_s: float = HANDOFF_TIMEOUT_S,
         stage_ahead: bool | None = None,
     ) -> None:
-        """`stage_ahead`: make a full next batch's inputs while every lane is busy (None: on
-        a GPU, when every lane is on the same one)."""
+        """`responses`: where a decoupled model's responses go; `stage_ahead`: make a full
+        next batch's inputs while every lane is busy (None: on a GPU, when every lane is on
+        the same one)."""
         self.spec = spec
-        #: version -> one callable per lane.
+        #: version -> one instance per lane.
         self.by_version = instances
+        self.responses = responses
+        #: what the queue may do with the model's batches, from its instances' own.
+        self.capabilities = Capabilities.of_model(instances)
         self.default_version = max(instances)
         self.device = device
         #: each lane's CUDA stream and pinned buffers (None: a lane on the CPU); a lane's
@@ -65,10 +77,6 @@ class Instances:
         lane_devices = instance_devices(spec) if on_gpu else (device,) * spec.instance_count
         self._staging = [CudaStaging(d) if d.type == "cuda" else None for d in lane_devices]
         self.handoff_timeout_s = handoff_timeout_s
-        #: the model answers each request itself: never split a batch, never run on the loop.
-        self.answers_each = any(
-            isinstance(infer, TritonInstance) for lanes in instances.values() for infer in lanes
-        )
         #: wall time of the model's last successful run (None: no run yet, or the model must
         #: not run on the loop: `runs_inline` then says no).
         self.last_run_ns: int | None = None
@@ -76,7 +84,9 @@ class Instances:
             stage_ahead = on_gpu and len(set(lane_devices)) == 1
         #: the next batch's inputs, made while every lane is busy (None: not done here).
         self.ahead = (
-            StageAhead(spec, lane_devices[0]) if stage_ahead and not self.answers_each else None
+            StageAhead(spec, lane_devices[0])
+            if stage_ahead and not self.capabilities.answers_each
+            else None
         )
         self._closed = False
         self._pool = ThreadPoolExecutor(
@@ -90,31 +100,21 @@ class Instances:
     ) -> asyncio.Future[BatchOutputs]:
         """The batch's run on its lane's thread, taken up by it by the time this returns (or
         after `handoff_timeout_s`), or done right here (`here`)."""
-        infer = self.by_version[requests[0].version][lane]
+        instance = self.by_version[requests[0].version][lane]
         staging = self._staging[lane]
         staged = self.ahead.take(requests) if self.ahead is not None else None
         loop = asyncio.get_running_loop()
         if not here:
             stacked = threading.Event()
-            running = loop.run_in_executor(
-                self._pool,
-                run_batch,
-                self.spec,
-                infer,
-                requests,
-                sizes,
-                self.device,
-                stacked.set,
-                staging,
-                staged,
-            )
+            batch = Batch(requests, sizes, stacked.set, staging, staged, self.responses)
+            running = loop.run_in_executor(self._pool, instance.run, batch)
             stacked.wait(self.handoff_timeout_s)
             return running
         done: asyncio.Future[BatchOutputs] = loop.create_future()
         try:
             done.set_result(
-                run_batch(
-                    self.spec, infer, requests, sizes, self.device, staging=staging, staged=staged
+                instance.run(
+                    Batch(requests, sizes, staging=staging, staged=staged, responses=self.responses)
                 )
             )
         except Exception as exc:  # reported by run_isolating, as from the lane's thread
@@ -135,7 +135,7 @@ class Instances:
             started = running if running is not None else self.start(lane, requests, sizes)
             outputs, timing = await started
         except Exception as exc:  # the model's own failure, reported to its request
-            if len(requests) > 1 and not self.answers_each:
+            if len(requests) > 1 and not self.capabilities.answers_each:
                 middle = len(requests) // 2
                 return [
                     *await self.run_isolating(lane, requests[:middle], sizes[:middle], stats),
@@ -151,7 +151,7 @@ class Instances:
         stats.input_ns += timing.input_ns
         stats.infer_ns += timing.infer_ns
         stats.output_ns += timing.output_ns
-        if not self.answers_each:
+        if not self.capabilities.answers_each:
             self.last_run_ns = timing.input_ns + timing.infer_ns + timing.output_ns
         return [_result(r, outs) for r, outs in zip(requests, outputs, strict=True)]
 
@@ -170,11 +170,23 @@ class Instances:
                 self.ahead.dropped,
             )
         for lanes in self.by_version.values():
-            for infer in lanes:
-                close_instance(infer)
+            for instance in lanes:
+                instance.close()
 
 
-def _result(request: Request, answer: list[Tensor] | Answered | SluiceError) -> Result:
+def adopt_torch_threads() -> None:
+    """Give the calling thread (an instance's, or the event loop's: both run batches) the
+    process's torch thread count.
+
+    OpenMP keeps its thread count per thread, and torch applies its own count to a thread
+    other than the one that set it only on the first operator large enough to split. Until
+    then MKL runs every matrix product of small batches on a team of all the cores, whatever
+    INTRA_OP_THREAD_COUNT says, and the team's spare thread spins between products.
+    """
+    torch.set_num_threads(torch.get_num_threads())
+
+
+def _result(request: Request, answer: Answer) -> Result:
     if isinstance(answer, SluiceError):
         return Result(request.id, error=(answer.code, answer.message))
     if isinstance(answer, Answered):

@@ -20,7 +20,8 @@ from sluice.shared.model_config import Completer
 from sluice.shared.redis_client import AsyncClient
 from sluice.shared.repository import ModelEntry, scan_model, scan_repository
 from sluice.shared.repository_control import DesiredModel, model_name_problem, read_files
-from sluice.workers.backends import Infer, instance_devices, load_instance
+from sluice.workers.backends import instance_devices, load_instance
+from sluice.workers.instance import ModelInstance
 from sluice.workers.override_files import OverrideDirectory
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 ENSEMBLE_KIND = "ensemble"
 
 #: a loaded model: its entry (instance_count as placed), instances per version, first device.
-Loaded = tuple[ModelEntry, dict[int, list[Infer]], torch.device]
+Loaded = tuple[ModelEntry, dict[int, list[ModelInstance]], torch.device]
 
 
 def configure_threads(entries: list[ModelEntry]) -> None:

@@ -22,15 +22,13 @@ from sluice.shared.supervision import Supervisor
 from sluice.shared.transaction_policy import is_decoupled
 from sluice.workers.admission import Admission
 from sluice.workers.answering import Answering
-from sluice.workers.backends import Infer
 from sluice.workers.batch_loop import BatchLoop
 from sluice.workers.batcher import BatchRules
 from sluice.workers.early_run import EarlyRuns
-from sluice.workers.generation import GenerativeInstance
 from sluice.workers.inflight_loop import InflightLoop
+from sluice.workers.instance import Capabilities, ModelInstance
 from sluice.workers.instances import Instances
 from sluice.workers.publisher import Publisher
-from sluice.workers.python_backend.instance import TritonInstance
 from sluice.workers.queue_state import QueueState
 from sluice.workers.reader import StreamReader
 from sluice.workers.recovery import Recovery, RecoveryPolicy
@@ -56,7 +54,7 @@ class ModelQueue:
     def __init__(
         self,
         spec: ModelSpec,
-        instances: dict[int, list[Infer]],
+        instances: dict[int, list[ModelInstance]],
         device: torch.device,
         redis: aioredis.Redis,
         reader: aioredis.Redis,
@@ -70,7 +68,6 @@ class ModelQueue:
         self.spec = spec
         #: this queue's name in the streams' consumer group.
         self.consumer = consumer
-        self.instances = Instances(spec, instances, device)
         #: the blocking reads' own connection (closed by the worker).
         self.reader = reader
         policy = QueuePolicy.from_config(spec.config_json)
@@ -86,18 +83,12 @@ class ModelQueue:
         publisher = Publisher(redis, spec.name, counted)
         #: after a batch run on the loop (lone requests), poll for the next one
         self.idle_poll = IdlePoll(idle_poll_us * 1000, lambda: self.state.idle)
-        #: a decoupled model's responses (None: one answer per request, with its batch).
-        #: an iterative model with sluice's generative contract: run by in-flight batching.
-        generative = all(
-            isinstance(infer, GenerativeInstance) for lanes in instances.values() for infer in lanes
-        )
-        decoupled = is_decoupled(spec.config_json) and (self.instances.answers_each or generative)
+        capabilities = Capabilities.of_model(instances)
+        #: a decoupled model's responses, where its instances answer each request themselves
+        #: (None: one answer per request, with its batch).
+        decoupled = is_decoupled(spec.config_json) and capabilities.answers_each
         self.responses = ResponseStream(publisher, spec) if decoupled else None
-        if self.responses is not None:
-            for lanes in instances.values():
-                for infer in lanes:
-                    if isinstance(infer, TritonInstance):
-                        infer.responses = self.responses
+        self.instances = Instances(spec, instances, device, self.responses)
         self.answering = Answering(
             publisher, self.instances, self.state, self.idle_poll, self.responses
         )
@@ -109,11 +100,12 @@ class ModelQueue:
         self.early = EarlyRuns(
             self.state,
             self.instances,
-            early_run and not self.instances.answers_each and self.responses is None,
+            early_run and capabilities.may_run_early and self.responses is None,
         )
+        #: an iterative model with a generative contract: run by in-flight batching.
         self.batching: BatchLoop | InflightLoop = (
             InflightLoop(spec, self.state, self.instances, self.answering, self.responses)
-            if generative and self.responses is not None
+            if capabilities.generative and self.responses is not None
             else BatchLoop(self.state, self.instances, self.reading, self.answering, self.early)
         )
         recovery = recovery or RecoveryPolicy()

@@ -1,17 +1,19 @@
-"""One batch through one model instance: stack the inputs, run, cut the outputs per request.
+"""The instance of every model that computes a stacked batch: stack the inputs, run, cut the
+outputs per request.
 
-Inputs are stacked with a single `np.concatenate` per input (the only copy on the way in);
-outputs go back as views into the model's own output buffer, cut at each request's rows. On a
-CUDA instance the inputs are stacked into its pinned buffers and the outputs come back through
-its stream instead (`sluice.workers.cuda_staging`). A Triton Python model takes the requests
-unstacked instead and answers each one itself, possibly with an error of its own.
+A plain tensor function (TorchScript, ONNX, TF, OpenVINO, FIL, TensorRT, .pt2, a sluice
+`class Model`) takes the batch's named inputs stacked along the batch dim and returns named
+outputs. Inputs are stacked with a single `np.concatenate` per input (the only copy on the way
+in); outputs go back as views into the model's own output buffer, cut at each request's rows.
+On a CUDA instance the inputs are stacked into its pinned buffers and the outputs come back
+through its stream instead (`sluice.workers.cuda_staging`).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,12 +22,22 @@ from sluice.shared.datatypes import (
     deserialize_bytes_elements,
     serialize_bytes_elements,
 )
-from sluice.shared.errors import ModelExecutionError, SluiceError
+from sluice.shared.errors import ModelExecutionError
 from sluice.shared.model_config import ModelSpec
 from sluice.shared.protocol import Request, Tensor
-from sluice.workers.backends import Infer
-from sluice.workers.cuda_staging import CudaStaging, Staged, stack_into
-from sluice.workers.python_backend.instance import Answered, TritonInstance
+from sluice.workers.cuda_staging import CudaStaging, stack_into
+from sluice.workers.instance import (
+    Batch,
+    BatchOutputs,
+    BatchTiming,
+    Capabilities,
+    GenerativeModel,
+    Responses,
+)
+
+#: a model that computes a stacked batch: named input tensors (torch tensors on the model's
+#: device; BYTES: numpy object arrays) to named outputs (torch tensors or numpy arrays).
+TensorFunction = Callable[[dict[str, Any]], dict[str, Any]]
 
 _TORCH_DTYPE_FOR_BF16 = torch.bfloat16
 #: the torch dtype of each fixed-size datatype, to view a staged input's bytes as.
@@ -34,15 +46,6 @@ _TORCH_DTYPE = {
     for name, dt in NUMPY_DTYPE.items()
     if name != "BYTES"
 }
-
-
-@dataclass(slots=True)
-class BatchTiming:
-    """Nanoseconds spent in each phase, as Triton's compute_input / infer / output."""
-
-    input_ns: int = 0
-    infer_ns: int = 0
-    output_ns: int = 0
 
 
 def _parts(requests: Sequence[Request], name: str, datatype: str) -> list[np.ndarray]:
@@ -193,77 +196,48 @@ def _tensor(name: str, datatype: str, array: np.ndarray) -> Tensor:
     return Tensor(name, datatype, tuple(array.shape), data)
 
 
-#: each request's output tensors (or the error that answers it), and the batch's phase timings.
-BatchOutputs = tuple[Sequence[list[Tensor] | Answered | SluiceError], BatchTiming]
+class StackedInstance:
+    """A tensor function on its device: collate the batch, call it, split its outputs."""
 
+    capabilities = Capabilities()
 
-def adopt_torch_threads() -> None:
-    """Give the calling thread (an instance's, or the event loop's: both run batches) the
-    process's torch thread count.
+    def __init__(self, spec: ModelSpec, function: TensorFunction, device: torch.device) -> None:
+        self.spec = spec
+        #: the backend's loaded model.
+        self.function = function
+        self.device = device
 
-    OpenMP keeps its thread count per thread, and torch applies its own count to a thread
-    other than the one that set it only on the first operator large enough to split. Until
-    then MKL runs every matrix product of small batches on a team of all the cores, whatever
-    INTRA_OP_THREAD_COUNT says, and the team's spare thread spins between products.
-    """
-    torch.set_num_threads(torch.get_num_threads())
+    def run(self, batch: Batch) -> BatchOutputs:
+        """With the lane's CUDA `staging`, the model runs on its stream and the infer phase
+        ends with the outputs in host memory (the batch's one synchronize)."""
+        spec, requests, staging, staged = self.spec, batch.requests, batch.staging, batch.staged
+        timing = BatchTiming()
+        t0 = time.perf_counter_ns()
+        try:
+            inputs = (
+                collate(spec, requests, self.device, staging) if staged is None else staged.inputs
+            )
+        finally:
+            batch.stacked()
+        t1 = time.perf_counter_ns()
+        with torch.inference_mode():
+            if staging is not None:
+                with torch.cuda.stream(staging.stream):
+                    if staged is not None:
+                        staged.used_on(staging.stream)
+                    outputs = staging.to_host(self.function(inputs))
+            else:
+                outputs = self.function(inputs)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+        t2 = time.perf_counter_ns()
+        results = split(spec, requests, batch.sizes, outputs)
+        t3 = time.perf_counter_ns()
+        timing.input_ns, timing.infer_ns, timing.output_ns = t1 - t0, t2 - t1, t3 - t2
+        return results, timing
 
+    def generative_model(self, responses: Responses) -> GenerativeModel | None:
+        return None
 
-def run_batch(
-    spec: ModelSpec,
-    infer: Infer,
-    requests: Sequence[Request],
-    sizes: Sequence[int],
-    device: torch.device,
-    stacked: Callable[[], None] = lambda: None,
-    staging: CudaStaging | None = None,
-    staged: Staged | None = None,
-) -> BatchOutputs:
-    """Run one batch on one instance; called in the instance's thread. `stacked` is called
-    once the inputs are stacked (or failed to stack), just before the model runs; inputs
-    `staged` ahead for these requests are used as they are. With the instance's CUDA
-    `staging`, the model runs on its stream and the infer phase ends with the outputs in host
-    memory (the batch's one synchronize)."""
-    if isinstance(infer, TritonInstance):
-        return _run_requests(infer, requests, stacked)
-    timing = BatchTiming()
-    t0 = time.perf_counter_ns()
-    try:
-        inputs = collate(spec, requests, device, staging) if staged is None else staged.inputs
-    finally:
-        stacked()
-    t1 = time.perf_counter_ns()
-    with torch.inference_mode():
-        if staging is not None:
-            with torch.cuda.stream(staging.stream):
-                if staged is not None:
-                    staged.used_on(staging.stream)
-                outputs = staging.to_host(infer(inputs))
-        else:
-            outputs = infer(inputs)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-    t2 = time.perf_counter_ns()
-    results = split(spec, requests, sizes, outputs)
-    t3 = time.perf_counter_ns()
-    timing.input_ns, timing.infer_ns, timing.output_ns = t1 - t0, t2 - t1, t3 - t2
-    return results, timing
-
-
-def _run_requests(
-    instance: TritonInstance, requests: Sequence[Request], stacked: Callable[[], None]
-) -> BatchOutputs:
-    """A Triton Python model's run: its `execute` counts as the inference, outputs and all."""
-    timing = BatchTiming()
-    t0 = time.perf_counter_ns()
-    handed: list[int] = []
-
-    def handed_over() -> None:
-        handed.append(time.perf_counter_ns())
-        stacked()
-
-    answers = instance.run(requests, handed_over)
-    t2 = time.perf_counter_ns()
-    t1 = handed[0] if handed else t0
-    timing.input_ns, timing.infer_ns = t1 - t0, t2 - t1
-    return answers, timing
+    def close(self) -> None:
+        """Nothing to let go: the function goes with the instance."""

@@ -21,7 +21,7 @@ import torch
 from sluice.shared.model_config import ModelSpec
 from sluice.shared.protocol import Request
 from sluice.workers.cuda_staging import CudaStaging, Staged
-from sluice.workers.execution import collate
+from sluice.workers.stacked import collate
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sluice.shared.errors import ModelExecutionError
-from sluice.workers.generation import Prompt
+from sluice.workers.instance import Prompt, Responses
 from sluice.workers.python_backend.instance import TritonInstance
 from sluice.workers.python_backend.messages import (
     RELEASE_ALL,
@@ -30,13 +30,14 @@ from sluice.workers.python_backend.pb_utils import model_dir
 
 class TritonIterative:
     """A Triton Python model's instance with the generative contract; the state is the
-    running requests as `execute` gets them."""
+    running requests as `execute` gets them, each with its sender to `responses`."""
 
-    def __init__(self, instance: TritonInstance) -> None:
+    def __init__(self, instance: TritonInstance, responses: Responses) -> None:
         self.instance = instance
+        self.responses = responses
 
     def prefill(self, prompts: Sequence[Prompt]) -> list[InferenceRequest]:
-        joining = [self.instance.server_request(p.request) for p in prompts]
+        joining = [self.instance.server_request(p.request, self.responses) for p in prompts]
         for request in joining:
             request.reschedulable = True
         return joining
@@ -65,9 +66,6 @@ class TritonIterative:
 
     def keep(self, state: list[InferenceRequest], rows: list[int]) -> list[InferenceRequest]:
         return [state[row] for row in rows]
-
-    def close(self) -> None:
-        self.instance.close()
 
     def _failure(self, message: str) -> ModelExecutionError:
         return ModelExecutionError(

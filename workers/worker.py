@@ -39,10 +39,11 @@ from sluice.shared.repository_control import (
 )
 from sluice.shared.tasks import stop_tasks
 from sluice.shared.when_full import past_maxmemory
-from sluice.workers.backends import Infer, complete_config
+from sluice.workers.backends import complete_config
 from sluice.workers.device_sampler import DeviceSampler
 from sluice.workers.health import HEALTH_SHUTDOWN_S, serve_health
 from sluice.workers.inflight_loop import InflightLoop
+from sluice.workers.instance import ModelInstance
 from sluice.workers.model_manager import ModelManager
 from sluice.workers.model_queue import ModelQueue
 from sluice.workers.override_files import OverrideDirectory
@@ -124,7 +125,7 @@ class Worker:
     def _new_queue(
         self,
         spec: ModelSpec,
-        instances: dict[int, list[Infer]],
+        instances: dict[int, list[ModelInstance]],
         device: torch.device,
         consumer: str,
     ) -> ModelQueue:

@@ -1,7 +1,9 @@
 """The backend seam: which module loads a model of each kind, and what it needs installed.
 
 A backend is a module of this package, imported only when a model of its kind loads, that
-defines `load_instance(spec, model_dir, version, device, index) -> Infer` and, optionally,
+defines `load_instance(spec, model_dir, version, device, index)`, returning a `TensorFunction`
+(which `load_instance` here runs as a StackedInstance) or, for a backend with `own_instances`,
+a `ModelInstance` of its own; and, optionally,
 `complete_config(cfg, model_dir) -> None` (Triton's auto-complete: fill in, in place, the
 inputs, outputs and batching that config.pbtxt leaves out and the model's own file says).
 A backend whose packages are not installed, or that needs an NVIDIA GPU where none is present,
@@ -15,28 +17,22 @@ import importlib
 import importlib.util
 import logging
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import torch
 from sluice.shared.errors import ModelConfigError
 from sluice.shared.model_config import BACKEND_RULES, ModelSpec
 from sluice.workers import placement
-from sluice.workers.python_backend.instance import TritonInstance
+from sluice.workers.instance import ModelInstance
+from sluice.workers.stacked import StackedInstance, TensorFunction
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 log = logging.getLogger(__name__)
 
 #: Triton's --backend-config=<backend>,default-max-batch-size default, for auto-complete.
 DEFAULT_MAX_BATCH_SIZE = 4
-#: a model that computes a stacked batch: named input tensors (torch tensors on the model's
-#: device; BYTES: numpy object arrays) to named outputs (torch tensors or numpy arrays).
-TensorFunction = Callable[[dict[str, Any]], dict[str, Any]]
-#: one loaded instance: a stacked-batch function, or a Triton Python model's object.
-Infer = TensorFunction | TritonInstance
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,12 +52,15 @@ class Backend:
     needs_cuda: bool = False
     #: environment variables its packages read as they are imported, unless already set.
     environment: tuple[tuple[str, str], ...] = ()
+    #: its loader makes ModelInstances of its own kinds (the others' load a TensorFunction,
+    #: which runs as a StackedInstance).
+    own_instances: bool = False
 
 
 #: keyed by ModelSpec.kind (shared/model_config.py BACKEND_RULES).
 BACKENDS: dict[str, Backend] = {
     "pytorch": Backend("torchscript"),
-    "python": Backend("python"),
+    "python": Backend("python", own_instances=True),
     "onnxruntime": Backend("onnxruntime", ("onnxruntime",), "onnx", host_inputs=True),
     "torch_aoti": Backend("torch_aoti"),
     "fil": Backend("fil", ("treelite",), "fil", host_inputs=True),
@@ -97,11 +96,25 @@ def choose_device(spec: ModelSpec) -> torch.device:
 
 def load_instance(
     spec: ModelSpec, model_dir: Path, version: int, device: torch.device, index: int = 0
-) -> Infer:
-    """The model's instance number `index` (Triton's instance names count them)."""
+) -> ModelInstance:
+    """The model's instance number `index` (Triton's instance names count them): the one
+    place that knows the kinds of instance apart."""
+    backend = BACKENDS.get(spec.kind)
+    if backend is not None and backend.own_instances:
+        where = model_dir / str(version) / spec.model_filename
+        module = _backend_module(spec.kind, spec.name, where)
+        instance: ModelInstance = module.load_instance(spec, model_dir, version, device, index)
+        return instance
+    return StackedInstance(spec, load_function(spec, model_dir, version, device, index), device)
+
+
+def load_function(
+    spec: ModelSpec, model_dir: Path, version: int, device: torch.device, index: int = 0
+) -> TensorFunction:
+    """A plain backend's model as the tensor function a StackedInstance runs."""
     module = _backend_module(spec.kind, spec.name, model_dir / str(version) / spec.model_filename)
-    infer: Infer = module.load_instance(spec, model_dir, version, device, index)
-    return infer
+    function: TensorFunction = module.load_instance(spec, model_dir, version, device, index)
+    return function
 
 
 def complete_config(cfg: ModelConfig, model_dir: Path) -> None:
@@ -114,14 +127,6 @@ def complete_config(cfg: ModelConfig, model_dir: Path) -> None:
     complete = getattr(module, "complete_config", None)
     if complete is not None:
         complete(cfg, model_dir)
-
-
-def close_instance(infer: Infer) -> None:
-    """Let an instance go: a Triton Python model's `finalize()` runs (an iterative one's too)."""
-    from sluice.workers.generation import GenerativeInstance  # it imports this module
-
-    if isinstance(infer, TritonInstance | GenerativeInstance):
-        infer.close()
 
 
 def complete_batching(cfg: ModelConfig) -> None:

@@ -20,7 +20,8 @@ import onnxruntime as ort
 import torch
 from sluice.shared.errors import ModelConfigError
 from sluice.shared.model_config import ModelSpec
-from sluice.workers.backends import TensorFunction, complete_batching, newest_model_file
+from sluice.workers.backends import complete_batching, newest_model_file
+from sluice.workers.stacked import TensorFunction
 from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ it runs with the worker's rights.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,13 +20,15 @@ import torch
 from sluice.shared.errors import ModelConfigError
 from sluice.shared.model_config import ModelSpec
 from sluice.shared.transaction_policy import is_decoupled
-from sluice.workers.backends import Infer, TensorFunction
-from sluice.workers.generation import GenerativeInstance, GenerativeModel, iterative
+from sluice.workers.generation import GenerativeInstance, iterative
+from sluice.workers.instance import GenerativeModel, ModelInstance, Responses
+from sluice.workers.python_backend.instance import TritonInstance
 from sluice.workers.python_backend.loading import (
     complete_config,
     import_model_file,
     triton_instance,
 )
+from sluice.workers.stacked import StackedInstance
 from sluice.workers.triton_iterative import TritonIterative
 
 __all__ = ["ModelContext", "complete_config", "load_instance"]
@@ -47,14 +49,15 @@ class ModelContext:
 
 def load_instance(
     spec: ModelSpec, model_dir: Path, version: int, device: torch.device, index: int
-) -> Infer:
-    """A `TritonPythonModel` object, or a `Model`'s `infer` as a stacked-batch function."""
+) -> ModelInstance:
+    """A `TritonPythonModel` object, or a `Model` whose `infer` runs stacked batches; either
+    generative under an iterative config."""
     path = model_dir / str(version) / spec.model_filename
     module = import_model_file(spec.name, version, path, str(index))
     triton_class = getattr(module, "TritonPythonModel", None)
     if triton_class is not None:
         triton = triton_instance(spec, model_dir, version, device, index, triton_class, path)
-        return _generative(spec, TritonIterative(triton), path) if iterative(spec) else triton
+        return _triton_iterative(spec, triton, path) if iterative(spec) else triton
     model_class = getattr(module, "Model", None)
     if model_class is None:
         raise ModelConfigError(
@@ -76,8 +79,17 @@ def load_instance(
         raise ModelConfigError(f"{path}: Model() failed: {exc!r}") from exc
     if iterative(spec):
         return _generative(spec, instance, path)
-    infer: TensorFunction = instance.infer
-    return infer
+    return StackedInstance(spec, instance.infer, device)
+
+
+def _triton_iterative(spec: ModelSpec, triton: TritonInstance, path: Path) -> GenerativeInstance:
+    """A `TritonPythonModel` stepped by in-flight batching (Triton's iterative sequences)."""
+
+    def model_for(responses: Responses) -> GenerativeModel:
+        return TritonIterative(triton, responses)
+
+    _check_iterative(spec, path)
+    return GenerativeInstance(model_for, triton.close, spec.name)
 
 
 def _generative(spec: ModelSpec, instance: object, path: Path) -> GenerativeInstance:
@@ -87,10 +99,21 @@ def _generative(spec: ModelSpec, instance: object, path: Path) -> GenerativeInst
             f"{path}: model '{spec.name}' is iterative (sequence_batching "
             "{ iterative_sequence: true }): its Model needs prefill, step, join and keep"
         )
+    model: GenerativeModel = instance
+    _check_iterative(spec, path)
+    return GenerativeInstance(lambda _responses: model, _closer(model), spec.name)
+
+
+def _check_iterative(spec: ModelSpec, path: Path) -> None:
     if not is_decoupled(spec.config_json) or spec.max_batch_size < 1:
         raise ModelConfigError(
             f"{path}: model '{spec.name}' is iterative: it must be decoupled "
             "(model_transaction_policy { decoupled: true }), one response per token, and set "
             "max_batch_size, the sequences an instance runs together"
         )
-    return GenerativeInstance(instance)
+
+
+def _closer(model: object) -> Callable[[], None]:
+    """The model's own `close`, if it has one."""
+    close: Callable[[], None] = getattr(model, "close", lambda: None)
+    return close

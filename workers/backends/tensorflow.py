@@ -25,7 +25,7 @@ import tensorflow as tf
 import torch
 from sluice.shared.errors import ModelConfigError
 from sluice.shared.model_config import ModelSpec
-from sluice.workers.backends import TensorFunction, newest_model_file
+from sluice.workers.backends import newest_model_file
 from sluice.workers.backends.tf_signature import (
     DEFAULT_TAG,
     TAG_PARAMETER,
@@ -33,6 +33,7 @@ from sluice.workers.backends.tf_signature import (
     complete,
     read_signature,
 )
+from sluice.workers.stacked import TensorFunction
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 log = logging.getLogger(__name__)

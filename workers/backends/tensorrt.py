@@ -19,7 +19,8 @@ import tensorrt as trt
 import torch
 from sluice.shared.errors import ModelConfigError, ModelExecutionError
 from sluice.shared.model_config import ModelSpec
-from sluice.workers.backends import TensorFunction, complete_batching, newest_model_file
+from sluice.workers.backends import complete_batching, newest_model_file
+from sluice.workers.stacked import TensorFunction
 from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig
 
 #: TensorRT's data types (by name) as Triton's config types and torch's dtypes.

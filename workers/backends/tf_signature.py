@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from google.protobuf import text_format
+from sluice.shared.datatypes import wire_to_config
 from sluice.shared.errors import ModelConfigError
 from sluice.shared.model_config import ModelSpec
 from sluice.workers.backends import complete_batching
@@ -193,9 +194,9 @@ def check_config(spec: ModelSpec, signature: Signature) -> None:
     of the signature by name, dims (a -1 of the signature matches any) and data type; each
     output (a subset) by name, exact dims and data type."""
     types = {
-        (label, entry["name"]): entry["data_type"]
-        for label in ("input", "output")
-        for entry in spec.config_json.get(label, [])
+        (label, io.name): wire_to_config(io.datatype)
+        for label, ios in (("input", spec.inputs), ("output", spec.outputs))
+        for io in ios
     }
     for (_, name), data_type in types.items():
         if data_type not in _CONFIG_TYPES.values():

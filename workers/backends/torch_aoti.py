@@ -27,7 +27,6 @@ from typing import Any
 import torch
 from sluice.shared.errors import ModelConfigError, ModelExecutionError
 from sluice.shared.model_config import ModelSpec
-from sluice.workers.backends import TensorFunction
 from sluice.workers.backends.aoti_runner import ContainerRunner, library_entry
 from sluice.workers.backends.pt2_archive import (
     WIRE_DATATYPE,
@@ -38,6 +37,7 @@ from sluice.workers.backends.pt2_archive import (
     archive_kind,
     leaf_names,
 )
+from sluice.workers.stacked import TensorFunction
 from torch.utils import _pytree as pytree
 from torch.utils._sympy.numbers import int_oo
 

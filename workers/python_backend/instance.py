@@ -12,9 +12,10 @@ An `async def execute` runs on an event loop of the instance's own, on a thread 
 Triton's stub runs it; the calling lane thread waits for it.
 
 A decoupled model's `execute` returns None instead: each request carries a response sender,
-which hands the model's responses to the queue's ResponseStream (workers/streamed.py), from
-`execute` or from any thread after it returned. Its `async def execute` is not waited for, as
-in Triton, so the instance takes the next batch while the coroutine runs.
+which hands the model's responses to the batch's response stream (the queue's ResponseStream,
+workers/streamed.py), from `execute` or from any thread after it returned. Its `async def
+execute` is not waited for, as in Triton, so the instance takes the next batch while the
+coroutine runs.
 """
 
 from __future__ import annotations
@@ -23,15 +24,24 @@ import asyncio
 import inspect
 import logging
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sluice.shared.errors import ModelExecutionError, SluiceError
-from sluice.shared.protocol import Request, ResponseParameter
-from sluice.shared.protocol import Tensor as WireTensor
+from sluice.shared.protocol import Request
+from sluice.workers.instance import (
+    Answer,
+    Answered,
+    Batch,
+    BatchOutputs,
+    BatchTiming,
+    Capabilities,
+    GenerativeModel,
+    Responses,
+)
 from sluice.workers.python_backend.context import Instance, running
 from sluice.workers.python_backend.custom_metrics import release as release_metrics
 from sluice.workers.python_backend.errors import to_sluice
@@ -39,28 +49,10 @@ from sluice.workers.python_backend.messages import InferenceRequest, InferenceRe
 from sluice.workers.python_backend.sender import InferenceResponseSender
 from sluice.workers.python_backend.tensors import to_wire
 
-if TYPE_CHECKING:
-    from sluice.workers.streamed import ResponseStream
-
 log = logging.getLogger(__name__)
 
 #: how long `close` waits for an async execute's loop to stop.
 LOOP_STOP_TIMEOUT_S = 5.0
-
-
-@dataclass(slots=True)
-class Answered:
-    """A response's outputs and the parameters its model set for the client, or the error
-    the model answered the request with."""
-
-    outputs: list[WireTensor]
-    parameters: dict[str, ResponseParameter] = field(default_factory=dict)
-    error: SluiceError | None = None
-
-
-#: a request's outputs (Answered: with its parameters, or the model's own error), or the
-#: error of a call that failed.
-Answer = list[WireTensor] | Answered | SluiceError
 
 
 class ContractError(Exception):
@@ -69,6 +61,10 @@ class ContractError(Exception):
 
 class TritonInstance:
     """The model object of one instance, with what answering its requests needs."""
+
+    #: `execute` answers each request itself, and may have effects of its own (BLS calls
+    #: among them): never split, never on the event loop, never run early.
+    capabilities = Capabilities(answers_each=True, may_run_early=False)
 
     def __init__(
         self,
@@ -89,25 +85,26 @@ class TritonInstance:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._closed = False
-        #: a decoupled model's response streams (set by its model queue; None: not decoupled).
-        self.responses: ResponseStream | None = None
 
-    def run(self, requests: Sequence[Request], stacked: Callable[[], None]) -> list[Answer]:
-        """Answer each of `requests`; `stacked` is called once they are handed over as
-        InferenceRequests, just before `execute`. Never raises for the model's faults."""
+    def run(self, batch: Batch) -> BatchOutputs:
+        """`execute` counts as the inference, outputs and all; the batch is handed over once
+        its requests are InferenceRequests. Never raises for the model's faults."""
+        timing = BatchTiming()
+        t0 = time.perf_counter_ns()
+        handed = t0
+        requests, responses = batch.requests, batch.responses
         with running(self.version_dir, self.owner):
             try:
                 try:
-                    pb_requests = [
-                        InferenceRequest.from_request(r, self._all_outputs, self._sender(r))
-                        for r in requests
-                    ]
+                    pb_requests = [self.server_request(r, responses) for r in requests]
                 finally:
-                    stacked()
-                if self.responses is not None:
-                    self._execute_decoupled(requests, pb_requests)
-                    return [[] for _ in requests]  # answered through their senders
-                responses = self._execute(pb_requests)
+                    handed = time.perf_counter_ns()
+                    batch.stacked()
+                if responses is not None:
+                    self._execute_decoupled(requests, pb_requests, responses)
+                    answers: list[Answer] = [[] for _ in requests]  # answered by their senders
+                    return answers, _timed(timing, t0, handed)
+                returned = self._execute(pb_requests)
             except Exception as exc:  # the model's code, or its return: the call's requests fail
                 log.warning("model '%s': execute failed", self.name, exc_info=True)
                 error = self._failure(
@@ -115,12 +112,20 @@ class TritonInstance:
                     if not isinstance(exc, ContractError)
                     else str(exc)
                 )
-                return [error for _ in requests]
-        return [self._answer(r, response) for r, response in zip(requests, responses, strict=True)]
+                return [error for _ in requests], _timed(timing, t0, handed)
+        answers = [
+            self._answer(r, response) for r, response in zip(requests, returned, strict=True)
+        ]
+        return answers, _timed(timing, t0, handed)
 
-    def server_request(self, request: Request) -> InferenceRequest:
-        """`request` as `execute` gets it, with its response sender if decoupled."""
-        return InferenceRequest.from_request(request, self._all_outputs, self._sender(request))
+    def generative_model(self, responses: Responses) -> GenerativeModel | None:
+        return None
+
+    def server_request(self, request: Request, responses: Responses | None) -> InferenceRequest:
+        """`request` as `execute` gets it, with its response sender to `responses` if
+        decoupled."""
+        sender = None if responses is None else self._sender(request, responses)
+        return InferenceRequest.from_request(request, self._all_outputs, sender)
 
     def _failure(self, message: str) -> ModelExecutionError:
         return ModelExecutionError(
@@ -151,11 +156,7 @@ class TritonInstance:
                 )
         return returned
 
-    def _sender(self, request: Request) -> InferenceResponseSender | None:
-        responses = self.responses
-        if responses is None:
-            return None
-
+    def _sender(self, request: Request, responses: Responses) -> InferenceResponseSender:
         def deliver(response: InferenceResponse | None, final: bool) -> None:
             answer = [] if response is None else self._answer(request, response)
             if isinstance(answer, SluiceError):
@@ -169,14 +170,16 @@ class TritonInstance:
 
         return InferenceResponseSender(deliver, lambda: responses.is_cancelled(request.id))
 
-    def _execute_decoupled(self, requests: Sequence[Request], pb: list[InferenceRequest]) -> None:
+    def _execute_decoupled(
+        self, requests: Sequence[Request], pb: list[InferenceRequest], responses: Responses
+    ) -> None:
         """Run a decoupled model's `execute`, which must return None; a coroutine runs on
         the instance's loop without being waited for, its failure ending the requests it
         left open."""
         returned = self.model.execute(pb)
         if inspect.isawaitable(returned):
             running = asyncio.run_coroutine_threadsafe(_awaited(returned), self._event_loop())
-            running.add_done_callback(lambda done: self._ended(requests, done))
+            running.add_done_callback(lambda done: self._ended(requests, responses, done))
             return
         if returned is not None:
             raise ContractError(
@@ -184,7 +187,7 @@ class TritonInstance:
                 "function must return None."
             )
 
-    def _ended(self, requests: Sequence[Request], done: Future[Any]) -> None:
+    def _ended(self, requests: Sequence[Request], responses: Responses, done: Future[Any]) -> None:
         """An `async def execute` of a decoupled model finished: a failure, or a value other
         than None, ends its requests still open with the error, as a raising execute does."""
         exc = done.exception()
@@ -198,9 +201,8 @@ class TritonInstance:
         )
         log.warning("model '%s': execute failed: %s", self.name, message)
         error = self._failure(message)
-        assert self.responses is not None
         for request in requests:
-            self.responses.end(request, error)
+            responses.end(request, error)
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         """The loop `async def execute` runs on, started on first use."""
@@ -251,3 +253,9 @@ class TritonInstance:
 
 async def _awaited(awaitable: Any) -> Any:
     return await awaitable
+
+
+def _timed(timing: BatchTiming, start_ns: int, handed_ns: int) -> BatchTiming:
+    """The hand-over is the input phase; `execute`, to now, the inference."""
+    timing.input_ns, timing.infer_ns = handed_ns - start_ns, time.perf_counter_ns() - handed_ns
+    return timing
