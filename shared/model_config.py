@@ -134,8 +134,11 @@ class ModelSpec:
     version_policy: tuple[str, tuple[int, ...]]
     #: the config as the gateways and the worker's own units read it.
     config: ConfigView
-    #: how many partitions its streams are split into (shared/partitions.py).
-    partitions: int = 1
+
+    @property
+    def partitions(self) -> int:
+        """How many partitions its streams are split into (shared/partitions.py)."""
+        return self.config.partitions
 
     @property
     def config_json(self) -> dict[str, Any]:
@@ -192,8 +195,8 @@ def load_model_config(
     instance_count, instance_kind = _instances(cfg, err)
     intra, inter = (_thread_count(parameters, key, err) for key in _THREAD_PARAMETERS)
     version_policy = _version_policy(cfg)
-    try:
-        partitions = parse_partitions(parameters.get(PARTITIONS))
+    try:  # checked here so that the error names the file; the view reads it again
+        parse_partitions(parameters.get(PARTITIONS))
     except ValueError as exc:
         raise err(f"parameters.{PARTITIONS}", str(exc)) from None
     _fill_pinned_memory(cfg)
@@ -214,7 +217,6 @@ def load_model_config(
         inter_op_threads=inter,
         version_policy=version_policy,
         config=ConfigView.from_json(triton_config_json(cfg)),
-        partitions=partitions,
     )
 
 

@@ -13,6 +13,7 @@ import pytest
 from sluice.gateway.metadata import repository_index
 from sluice.gateway.model_table import ModelTable, ModelView
 from sluice.shared import keys
+from sluice.shared.config_view import ConfigView
 from sluice.shared.errors import InvalidInput, SluiceError
 from sluice.shared.model_loads import check_load, load_fleet_wide, load_outcome
 from sluice.shared.redis_client import async_client
@@ -77,8 +78,15 @@ def test_a_load_fails_once_every_worker_that_could_load_it_failed() -> None:
 
 def test_the_index_names_never_loaded_models_alone_and_omits_empty_reasons() -> None:
     views = {
-        "ready": ModelView("ready", {}, None, [1, 2], {2}),
-        "gone": ModelView("gone", {}, None, [1], reason="unloaded", withdrawn=True),
+        "ready": ModelView("ready", ConfigView.from_json({"name": "ready"}), None, [1, 2], {2}),
+        "gone": ModelView(
+            "gone",
+            ConfigView.from_json({"name": "gone"}),
+            None,
+            [1],
+            reason="unloaded",
+            withdrawn=True,
+        ),
         "coming": ModelView("coming", None, None, [], state=LOADING),
     }
     index = repository_index(views, ["never", "ready"])
