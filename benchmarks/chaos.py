@@ -33,23 +33,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--down", type=float, default=2.0, help="seconds Redis stays down")
+    parser.add_argument(
+        "--down", dest="down_s", type=float, default=2.0, help="seconds Redis stays down"
+    )
     parser.add_argument("--no-persistence", action="store_true")
     parser.add_argument("--sentinel", action="store_true", help="a failover, not a restart")
     args = parser.parse_args()
     with contextlib.ExitStack() as stack:
         repo = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "models"
         shutil.copytree(ROOT / "tests" / "model_repo" / "affine", repo / "affine")
-        outage: dict[str, float] = {}
+        outage_s: dict[str, float] = {}
         if args.sentinel:
             sentinels = stack.enter_context(EmbeddedSentinelSet())
             url = sentinels.url
 
             def redis_fault() -> None:
-                started = time.monotonic()
+                started_s = time.monotonic()
                 sentinels.kill_master()
                 sentinels.wait_promoted()
-                outage["until the sentinels named the new master"] = time.monotonic() - started
+                outage_s["until the sentinels named the new master"] = time.monotonic() - started_s
 
             name = "master SIGKILL"
         else:
@@ -59,11 +61,11 @@ def main() -> None:
             url = stack.enter_context(server).url
 
             def redis_fault() -> None:
-                started = time.monotonic()
+                started_s = time.monotonic()
                 server.kill()
-                threading.Event().wait(args.down)
+                threading.Event().wait(args.down_s)
                 server.start()
-                outage["Redis down"] = time.monotonic() - started
+                outage_s["Redis down"] = time.monotonic() - started_s
 
             name = "Redis SIGKILL + restart"
         service = start_service(
@@ -79,8 +81,8 @@ def main() -> None:
         ]
         figures = run_chaos(service.http_url, args.requests, args.concurrency, faults)
     print(figures.report())
-    for what, seconds in outage.items():
-        print(f"{what}: {seconds:.2f} s")
+    for what, duration_s in outage_s.items():
+        print(f"{what}: {duration_s:.2f} s")
 
 
 if __name__ == "__main__":

@@ -27,10 +27,10 @@ MODES = ("inflight", "batched")
 
 #: both models' step, and the wait that makes it take at least `floor_s`.
 FLOOR = """
-def floored(start, floor_s):
-    left = floor_s - (time.perf_counter() - start)
-    if left > 0:
-        time.sleep(left)
+def floored(start_s, floor_s):
+    left_s = floor_s - (time.perf_counter() - start_s)
+    if left_s > 0:
+        time.sleep(left_s)
 """
 
 INFLIGHT_MODEL = (
@@ -51,9 +51,9 @@ class Model(Charlm):
         self.floor_s = float(context.parameters.get("STEP_MS", "0")) / 1e3
 
     def step(self, state):
-        start = time.perf_counter()
+        start_s = time.perf_counter()
         answer = super().step(state)
-        floored(start, self.floor_s)
+        floored(start_s, self.floor_s)
         return answer
 """
 )
@@ -107,9 +107,9 @@ class TritonPythonModel:
         state = self.model.prefill(prompts)
         rows = list(range(len(requests)))
         while rows:
-            start = time.perf_counter()
+            start_s = time.perf_counter()
             outputs, finished = self.model.step(state)
-            floored(start, self.floor_s)
+            floored(start_s, self.floor_s)
             chars = outputs["text_output"]
             kept = []
             for at, row in enumerate(rows):

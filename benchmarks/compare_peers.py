@@ -57,6 +57,8 @@ from sluice.bench.payload import InputSpec, encode_infer  # noqa: E402
 PEERS = [*SLUICE_VARIANTS, *INSTALLS]
 BASE_PORT = 18900
 READY_TIMEOUT_S = 300
+#: how often a starting server is asked again whether it answers.
+READY_POLL_S = 1
 TOLERANCE = 1e-4
 KSERVE = {*SLUICE_VARIANTS, "pytriton"}
 
@@ -109,7 +111,7 @@ def targets_of(server: Server, row: np.ndarray) -> list[Target]:
 
 def check_answers(targets: list[Target], expected: np.ndarray) -> None:
     """Wait until the server answers, then check every protocol's answer against the model."""
-    server, deadline = targets[0].server, time.monotonic() + READY_TIMEOUT_S
+    server, deadline_s = targets[0].server, time.monotonic() + READY_TIMEOUT_S
     last = "no answer"
     while True:
         if server.process.poll() is not None:
@@ -123,9 +125,9 @@ def check_answers(targets: list[Target], expected: np.ndarray) -> None:
                 raise RuntimeError(last)
         except (OSError, *ERRORS) as exc:
             last = f"{type(exc).__name__}: {exc}"
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline_s:
             raise RuntimeError(f"not answering after {READY_TIMEOUT_S} s ({last}): {server.tail()}")
-        time.sleep(1)
+        time.sleep(READY_POLL_S)
     for target in targets:
         status, body = exchange(target.address, target.request)
         if status != 200:
@@ -154,8 +156,8 @@ class Turns:
     inferences: int = 0
     error: str | None = None
 
-    def take(self, warmup_s: float, seconds: float) -> None:
-        """One more turn: a closed loop warmed up, then measured for `seconds`."""
+    def take(self, warmup_s: float, measure_s: float) -> None:
+        """One more turn: a closed loop warmed up, then measured for `measure_s`."""
         if self.error is not None:
             return
         server = self.target.server
@@ -164,7 +166,7 @@ class Turns:
             self.target.request,
             self.concurrency,
             warmup_s,
-            seconds,
+            measure_s,
             server.pid,
         )
         try:
@@ -219,17 +221,17 @@ def sweep(
         for r in range(args.rounds):
             first = r % max(1, len(turns))
             for turn in turns[first:] + turns[:first]:
-                turn.take(args.warmup, args.seconds / args.rounds)
+                turn.take(args.warmup_s, args.measure_s / args.rounds)
         rows += [turn.row() for turn in turns]
     return rows
 
 
-def idle_cores(servers: dict[str, Server], seconds: float = 3.0) -> dict[str, float]:
+def idle_cores(servers: dict[str, Server], window_s: float = 3.0) -> dict[str, float]:
     """What each server's process tree burns with no load, in cores."""
     before = {peer: tree_cpu_s(s.pid) for peer, s in servers.items()}
-    time.sleep(seconds)
+    time.sleep(window_s)
     return {
-        peer: round((tree_cpu_s(s.pid) - before[peer]) / seconds, 3) for peer, s in servers.items()
+        peer: round((tree_cpu_s(s.pid) - before[peer]) / window_s, 3) for peer, s in servers.items()
     }
 
 
@@ -301,9 +303,13 @@ def main() -> None:
     parser.add_argument("--setup", action="store_true", help="install the peers, then stop")
     parser.add_argument("--peers", default=",".join(PEERS))
     parser.add_argument("--concurrency", default="1,8,32,64")
-    parser.add_argument("--seconds", type=float, default=5.0, help="measured per point, in all")
+    parser.add_argument(
+        "--seconds", dest="measure_s", type=float, default=5.0, help="measured per point, in all"
+    )
     parser.add_argument("--rounds", type=int, default=5, help="turns each point's time is cut in")
-    parser.add_argument("--warmup", type=float, default=0.5, help="before each turn")
+    parser.add_argument(
+        "--warmup", dest="warmup_s", type=float, default=0.5, help="before each turn"
+    )
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "RESULTS.md")
     args = parser.parse_args()
     peers = [p for p in args.peers.split(",") if p]
@@ -335,8 +341,8 @@ def main() -> None:
         "load_before": " ".join(f"{v:.2f}" for v in load_before),
         "load_after": " ".join(f"{v:.2f}" for v in os.getloadavg()),
         "loadgen": "a raw keep-alive HTTP/1.1 client on uvloop, one process",
-        "warmup_s": args.warmup,
-        "seconds": args.seconds,
+        "warmup_s": args.warmup_s,
+        "seconds": args.measure_s,
         "rounds": args.rounds,
         "servers": {
             peer: {

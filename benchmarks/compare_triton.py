@@ -46,10 +46,19 @@ from sluice.embedded_redis import EmbeddedRedis  # noqa: E402
 EXAMPLES = ROOT / "examples" / "model_repository"
 ANCHOR = ROOT.parent / "shared" / "anchor"
 ANCHORS = Path(os.environ.get("ANCHORS", "/tmp/anchors"))
+#: how long a readiness or statistics query may take.
+READY_TIMEOUT_S = 2
+STATS_TIMEOUT_S = 10
+#: how often a starting server is asked again whether it is ready.
+READY_POLL_S = 0.5
+#: the longest one load run (perf_analyzer's or sluice bench's) may take.
+RUN_TIMEOUT_S = 900
+#: how long a stopped serve may take to exit.
+STOP_TIMEOUT_S = 60
 PA_ARGS = ["-i", "http", "-p", "3000", "-s", "20", "-r", "15"]
 
 
-def model_bound(trials: int = 3, seconds: float = 2.0) -> dict[int, float]:
+def model_bound(trials: int = 3, trial_s: float = 2.0) -> dict[int, float]:
     """Inferences/s of the model alone, per batch size (median of trials)."""
     torch.set_num_threads(1)
     model = torch.jit.load(str(EXAMPLES / "mlp" / "1" / "model.pt")).eval()
@@ -61,11 +70,11 @@ def model_bound(trials: int = 3, seconds: float = 2.0) -> dict[int, float]:
                 model(x)
             rates = []
             for _ in range(trials):
-                n, start = 0, time.perf_counter()
-                while time.perf_counter() - start < seconds:
+                n, start_s = 0, time.perf_counter()
+                while time.perf_counter() - start_s < trial_s:
                     model(x)
                     n += 1
-                rates.append(n * batch / (time.perf_counter() - start))
+                rates.append(n * batch / (time.perf_counter() - start_s))
             out[batch] = statistics.median(rates)
     return out
 
@@ -89,7 +98,7 @@ def perf_analyzer() -> tuple[str, dict[str, str]] | None:
 
 
 def server_stats(url: str) -> tuple[int, int, dict[int, int]]:
-    with urllib.request.urlopen(f"http://{url}/v2/models/mlp/stats", timeout=10) as r:
+    with urllib.request.urlopen(f"http://{url}/v2/models/mlp/stats", timeout=STATS_TIMEOUT_S) as r:
         stats = json.load(r)["model_stats"][0]
     hist = {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]}
     return stats["inference_count"], stats["execution_count"], hist
@@ -121,7 +130,7 @@ def run_load(url: str, concurrency: int, label: str, rclient: redis.Redis | None
             "-f",
             str(csv_path),
         ]
-        proc = subprocess.run(cmd, env=pa[1], capture_output=True, text=True, timeout=900)
+        proc = subprocess.run(cmd, env=pa[1], capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
         if proc.returncode != 0 or not csv_path.exists():
             record["error"] = proc.stdout.strip().splitlines()[-1:]
             return record
@@ -153,7 +162,7 @@ def run_load(url: str, concurrency: int, label: str, rclient: redis.Redis | None
             ],
             check=True,
             capture_output=True,
-            timeout=900,
+            timeout=RUN_TIMEOUT_S,
         )
         result = json.loads(out.read_text())["levels"][0]["result"]
         latency = result["latency"]
@@ -230,7 +239,7 @@ def serving(repo: Path, port: int, options: Sequence[str] = ()) -> Iterator[tupl
             yield url, server.url
         finally:
             serve.terminate()
-            serve.wait(60)
+            serve.wait(STOP_TIMEOUT_S)
 
 
 def sluice_sweep(repo: Path, label: str, levels: list[int], port: int) -> list[dict]:
@@ -240,15 +249,17 @@ def sluice_sweep(repo: Path, label: str, levels: list[int], port: int) -> list[d
 
 
 def wait_ready(url: str, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    deadline_s = time.monotonic() + timeout_s
+    while time.monotonic() < deadline_s:
         try:
-            with urllib.request.urlopen(f"http://{url}/v2/models/mlp/ready", timeout=2) as r:
+            with urllib.request.urlopen(
+                f"http://{url}/v2/models/mlp/ready", timeout=READY_TIMEOUT_S
+            ) as r:
                 if r.status == 200:
                     return
         except OSError:
             pass
-        time.sleep(0.5)
+        time.sleep(READY_POLL_S)
     raise RuntimeError(f"{url} did not become ready")
 
 

@@ -172,7 +172,9 @@ def idle_rates(side: Side) -> tuple[list[RedisSnapshot], list[float]]:
     before = [snapshot(node) for node in side.nodes]
     time.sleep(IDLE_S)
     after = [snapshot(node) for node in side.nodes]
-    return after, [(b.cpu_s - a.cpu_s) / (b.at - a.at) for a, b in zip(before, after, strict=True)]
+    return after, [
+        (b.cpu_s - a.cpu_s) / (b.at_s - a.at_s) for a, b in zip(before, after, strict=True)
+    ]
 
 
 def measure(side: Side, concurrency: int, window_s: float) -> Level:
@@ -183,7 +185,7 @@ def measure(side: Side, concurrency: int, window_s: float) -> Level:
     snaps1 = [snapshot(node) for node in side.nodes]
     inferences = max(1, counts1[0] - counts0[0])
     node_us = tuple(
-        max(0.0, s1.cpu_s - s0.cpu_s - rate * (s1.at - s0.at)) * 1e6 / inferences
+        max(0.0, s1.cpu_s - s0.cpu_s - rate * (s1.at_s - s0.at_s)) * 1e6 / inferences
         for s0, s1, rate in zip(snaps0, snaps1, idle, strict=True)
     )
     diffs = [command_diff(s0, s1) for s0, s1 in zip(snaps0, snaps1, strict=True)]
@@ -329,10 +331,10 @@ def main() -> None:
     args = parser.parse_args()
     if not (EXAMPLES / MODEL / "1" / "model.pt").exists():
         subprocess.run([sys.executable, str(ROOT / "examples" / "build_models.py")], check=True)
-    started = time.monotonic()
+    started_s = time.monotonic()
     concurrency = [int(c) for c in args.concurrency.split(",")]
     run(concurrency, args.window_s, args.rounds, args.workers)
-    print(f"took {time.monotonic() - started:.0f} s")
+    print(f"took {time.monotonic() - started_s:.0f} s")
 
 
 if __name__ == "__main__":

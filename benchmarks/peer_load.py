@@ -26,6 +26,8 @@ from tests.process_tree import descendants
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 HEAD_END = b"\r\n\r\n"
+#: a client whose connection failed waits this long before it connects again.
+RECONNECT_PAUSE_S = 0.05
 
 
 class ProtocolError(Exception):
@@ -124,7 +126,7 @@ class Window:
 
 @dataclass(frozen=True, slots=True)
 class Point:
-    seconds: float
+    duration_s: float
     answered: int
     errors: dict[str, int]
     latencies_s: list[float]
@@ -134,7 +136,7 @@ class Point:
 
     @property
     def throughput(self) -> float:
-        return self.answered / self.seconds
+        return self.answered / self.duration_s
 
     def percentile_ms(self, q: float) -> float:
         ordered = sorted(self.latencies_s)
@@ -149,15 +151,15 @@ def merged(points: list[Point]) -> Point:
     errors: Counter[str] = Counter()
     for point in points:
         errors.update(point.errors)
-    seconds = sum(p.seconds for p in points)
+    duration_s = sum(p.duration_s for p in points)
     return Point(
-        seconds=seconds,
+        duration_s=duration_s,
         answered=sum(p.answered for p in points),
         errors=dict(errors),
         latencies_s=[latency for p in points for latency in p.latencies_s],
         server_cpu_s=sum(p.server_cpu_s for p in points),
         loadgen_cpu_s=sum(p.loadgen_cpu_s for p in points),
-        machine_busy=sum(p.machine_busy * p.seconds for p in points) / max(seconds, 1e-9),
+        machine_busy=sum(p.machine_busy * p.duration_s for p in points) / max(duration_s, 1e-9),
     )
 
 
@@ -166,17 +168,17 @@ async def _client(conn: Connection, request: bytes, window: Window, running: lis
         try:
             if conn.closed:
                 await conn.open()
-            start = time.perf_counter()
+            start_s = time.perf_counter()
             status, body = await conn.exchange(request)
         except ERRORS as exc:
             conn.close()
             if window.recording:
                 window.errors[f"connection: {type(exc).__name__}"] += 1
-            await asyncio.sleep(0.05)  # no busy loop on a server that went away
+            await asyncio.sleep(RECONNECT_PAUSE_S)  # no busy loop on a server that went away
             continue
         if window.recording:
             if status == 200:
-                window.latencies_s.append(time.perf_counter() - start)
+                window.latencies_s.append(time.perf_counter() - start_s)
             else:
                 window.errors[f"HTTP {status}: {body[:80]!r}"] += 1
     conn.close()
@@ -188,7 +190,7 @@ class Load:
     request: bytes  # the whole HTTP request, sent as is
     concurrency: int
     warmup_s: float
-    seconds: float
+    measure_s: float
     server_pid: int  # the root of the server's process tree
 
 
@@ -197,23 +199,24 @@ async def _closed_loop(load: Load) -> Point:
     window, running = Window(), [True]
     tasks = [asyncio.create_task(_client(c, load.request, window, running)) for c in conns]
     await asyncio.sleep(load.warmup_s)
-    server, own, busy = tree_cpu_s(load.server_pid), process_cpu_s(os.getpid()), machine_busy()
-    start = time.perf_counter()
+    server_cpu_s, own_cpu_s = tree_cpu_s(load.server_pid), process_cpu_s(os.getpid())
+    busy = machine_busy()
+    start_s = time.perf_counter()
     window.recording = True
-    await asyncio.sleep(load.seconds)
+    await asyncio.sleep(load.measure_s)
     window.recording = False
-    elapsed = time.perf_counter() - start
-    server_end, own_end = tree_cpu_s(load.server_pid), process_cpu_s(os.getpid())
+    elapsed_s = time.perf_counter() - start_s
+    server_cpu_end_s, own_cpu_end_s = tree_cpu_s(load.server_pid), process_cpu_s(os.getpid())
     busy_end = machine_busy()
     running.clear()
     await asyncio.gather(*tasks)
     return Point(
-        seconds=elapsed,
+        duration_s=elapsed_s,
         answered=len(window.latencies_s),
         errors=dict(window.errors),
         latencies_s=window.latencies_s,
-        server_cpu_s=server_end - server,
-        loadgen_cpu_s=own_end - own,
+        server_cpu_s=server_cpu_end_s - server_cpu_s,
+        loadgen_cpu_s=own_cpu_end_s - own_cpu_s,
         machine_busy=(busy_end[0] - busy[0]) / max(1, busy_end[1] - busy[1]),
     )
 

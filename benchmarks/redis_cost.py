@@ -49,6 +49,13 @@ ROOT = Path(__file__).resolve().parent.parent
 HTTP_PORT = 18600
 REDIS_PORT = 16400
 IDLE_S = 2.0
+#: how long a readiness query may take, and how often a starting serve is asked again.
+READY_TIMEOUT_S = 2
+READY_POLL_S = 0.2
+#: how long a stopped serve may take to exit before it is killed.
+STOP_TIMEOUT_S = 30
+#: how long `redis-server --version` may take.
+VERSION_TIMEOUT_S = 10
 CONFIG = """name: "{name}"
 platform: "pytorch_libtorch"
 max_batch_size: 64
@@ -155,28 +162,30 @@ def serving(
         finally:
             process.terminate()
             try:
-                process.wait(30)
+                process.wait(STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 process.kill()
             client.close()
 
 
 def wait_ready(side: Side, repo: Path, timeout_s: float = 180) -> None:
-    deadline = time.monotonic() + timeout_s
+    deadline_s = time.monotonic() + timeout_s
     models = sorted(p.name for p in repo.iterdir())
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline_s:
         if side.process.poll() is not None:
             raise RuntimeError(f"{side.label}: sluice serve exited ({side.process.returncode})")
         try:
             if all(
-                urllib.request.urlopen(f"http://{side.http}/v2/models/{m}/ready", timeout=2).status
+                urllib.request.urlopen(
+                    f"http://{side.http}/v2/models/{m}/ready", timeout=READY_TIMEOUT_S
+                ).status
                 == 200
                 for m in models
             ):
                 return
         except OSError:
             pass
-        time.sleep(0.2)
+        time.sleep(READY_POLL_S)
     raise TimeoutError(f"{side.label}: models not ready in {timeout_s:.0f} s")
 
 
@@ -205,8 +214,8 @@ def idle_rates(client: redis.Redis, server: EmbeddedRedis) -> tuple[float, float
     before, sleeps = snapshot(client), sleeps_so_far(server)
     time.sleep(IDLE_S)
     after = snapshot(client)
-    seconds = after.at - before.at
-    return (after.cpu_s - before.cpu_s) / seconds, (sleeps_so_far(server) - sleeps) / seconds
+    span_s = after.at_s - before.at_s
+    return (after.cpu_s - before.cpu_s) / span_s, (sleeps_so_far(server) - sleeps) / span_s
 
 
 def sleeps_so_far(server: EmbeddedRedis) -> int:
@@ -257,8 +266,8 @@ def summarise(
 ) -> Level:
     inferences, executions = counts1[0] - counts0[0], counts1[1] - counts0[1]
     n, batches = max(1, inferences), max(1, executions)
-    seconds = snap1.at - snap0.at
-    cpu_us = max(0.0, (snap1.cpu_s - snap0.cpu_s - idle[0] * seconds) * 1e6)
+    span_s = snap1.at_s - snap0.at_s
+    cpu_us = max(0.0, (snap1.cpu_s - snap0.cpu_s - idle[0] * span_s) * 1e6)
     commands = command_diff(snap0, snap1)
     top_level = {k: v for k, v in commands.items() if k not in NESTED}
     costliest = sorted(top_level.items(), key=lambda kv: -kv[1][1])[:4]
@@ -279,7 +288,7 @@ def summarise(
         commands_per_inference=sum(calls for calls, _ in top_level.values()) / n,
         reads_per_batch=io[0] / batches,
         writes_per_batch=io[1] / batches,
-        sleeps_per_batch=max(0.0, io[2] - idle[1] * seconds) / batches,
+        sleeps_per_batch=max(0.0, io[2] - idle[1] * span_s) / batches,
         mb_per_core_s=(2 * (payload or 2048) * inferences / 1e6) / max(1e-9, cpu_us / 1e6),
         top=top,
     )
@@ -373,7 +382,11 @@ def main() -> None:
 def server_version(binary: str) -> tuple[int, ...]:
     """`binary`'s version from its --version line, (0,) if it does not say."""
     line = subprocess.run(
-        [binary, "--version"], capture_output=True, text=True, timeout=10, check=False
+        [binary, "--version"],
+        capture_output=True,
+        text=True,
+        timeout=VERSION_TIMEOUT_S,
+        check=False,
     ).stdout
     match = re.search(r"\bv=(\d+)\.(\d+)\.(\d+)", line)
     return tuple(int(part) for part in match.groups()) if match else (0,)

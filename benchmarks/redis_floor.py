@@ -64,6 +64,10 @@ HEADER_PER_REQUEST = 90
 CLIENT_GAP_S = 0.001
 BLOCK_MS = 1000
 WARMUP_S = 1.0
+#: how often the run asks whether every gateway and worker has started.
+START_POLL_S = 0.05
+#: how long a stopped gateway or worker may take to exit before it is killed.
+STOP_TIMEOUT_S = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +154,7 @@ def worker(
     read = ("XREADGROUP", "GROUP", GROUP, f"w{index}", "COUNT", 1, "BLOCK", BLOCK_MS)  # a batch
     read += ("STREAMS", REQUESTS, ">")
     connection = client.connection_pool.get_connection()
-    tick = time.monotonic()
+    tick_s = time.monotonic()
     connection.send_command(*read)
     entries = connection.read_response()
     while not stop.value:
@@ -161,8 +165,8 @@ def worker(
         read_entries = _entries(entries)
         ids = [entry_id for entry_id, _ in read_entries]
         if pattern.rate:  # the model's time: batches at the measured rate
-            tick = max(tick + 1 / pattern.rate, time.monotonic() - 1 / pattern.rate)
-            time.sleep(max(0.0, tick - time.monotonic()))
+            tick_s = max(tick_s + 1 / pattern.rate, time.monotonic() - 1 / pattern.rate)
+            time.sleep(max(0.0, tick_s - time.monotonic()))
         commands: list[tuple[object, ...]] = [
             ("XADD", reply_stream(fields[1]), "MAXLEN", "~", 1000, "*", *answer)
             for _, fields in read_entries  # fields: b"g", the gateway, then the rest
@@ -203,28 +207,28 @@ def run_pattern(pattern: Pattern, batch: int, window_s: float) -> Figure:
             if not all(process.is_alive() for process in processes):
                 stop.value = 1
                 raise RuntimeError(f"{pattern.label}: a gateway or worker died at its start")
-            time.sleep(0.05)
+            time.sleep(START_POLL_S)
         time.sleep(WARMUP_S)
         snap0, sleeps0, done0 = snapshot(client), sleeps_so_far(server), done.value
         time.sleep(window_s)
         snap1, sleeps1, done1 = snapshot(client), sleeps_so_far(server), done.value
         stop.value = 1
         for process in processes:
-            process.join(10)
+            process.join(STOP_TIMEOUT_S)
             if process.is_alive():
                 process.kill()
         client.close()
-    seconds = snap1.at - snap0.at
+    span_s = snap1.at_s - snap0.at_s
     inferences = max(1, done1 - done0)
     batches = inferences / batch
-    cpu_us = max(0.0, (snap1.cpu_s - snap0.cpu_s - idle_cpu * seconds) * 1e6)
+    cpu_us = max(0.0, (snap1.cpu_s - snap0.cpu_s - idle_cpu * span_s) * 1e6)
     return Figure(
         label=pattern.label,
         batch=batch,
-        batches_per_s=batches / seconds,
+        batches_per_s=batches / span_s,
         us_per_inference=cpu_us / inferences,
         us_per_batch=cpu_us / batches,
-        sleeps_per_batch=max(0.0, sleeps1 - sleeps0 - idle_sleeps * seconds) / batches,
+        sleeps_per_batch=max(0.0, sleeps1 - sleeps0 - idle_sleeps * span_s) / batches,
     )
 
 

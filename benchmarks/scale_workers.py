@@ -57,6 +57,16 @@ REDIS_PORT = 16391
 #: a level with small batches, so that the per-batch / per-request fit sees both ends
 LOW_CONCURRENCY = 8
 IDLE_S = 3.0
+#: how long a readiness or statistics query may take.
+READY_TIMEOUT_S = 2
+STATS_TIMEOUT_S = 10
+#: how often a starting serve is asked again whether it is ready.
+READY_POLL_S = 0.5
+#: how long a stopped serve may take to exit before it is killed.
+STOP_TIMEOUT_S = 60
+#: how long a ready fleet runs before its idle background is measured: past the first
+#: heartbeats and recovery polls.
+SETTLE_S = 1.0
 #: commands only run inside the batch script here; their time is already in EVAL's
 NESTED = frozenset({"hincrby", "hget", "xack", "xdel"})
 #: commands on the model's keys; the rest is the reply stream (XREAD, XTRIM, half of XADD:
@@ -68,7 +78,7 @@ MODEL_SIDE = frozenset({"eval", "evalsha", "xreadgroup", "xautoclaim", "xclaim",
 class RedisSnapshot:
     """Cumulative Redis counters at one instant."""
 
-    at: float
+    at_s: float
     cpu_s: float
     #: command -> (calls, usec); INFO itself left out
     commands: dict[str, tuple[int, int]]
@@ -141,7 +151,9 @@ def shard_split(commands: dict[str, tuple[int, int]]) -> float:
 
 def model_counts(http: str, model: str = MODEL) -> tuple[int, int]:
     """(inferences, executions) of the model so far, from the Triton statistics endpoint."""
-    with urllib.request.urlopen(f"http://{http}/v2/models/{model}/stats", timeout=10) as r:
+    with urllib.request.urlopen(
+        f"http://{http}/v2/models/{model}/stats", timeout=STATS_TIMEOUT_S
+    ) as r:
         stats = json.load(r)["model_stats"]
     return (
         sum(int(s["inference_count"]) for s in stats),
@@ -160,15 +172,17 @@ def ready_workers(client: redis.Redis) -> int:
 
 def wait_ready(http: str, client: redis.Redis, workers: int, timeout_s: float = 180) -> None:
     """Until the gateway answers and every worker has loaded the model."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    deadline_s = time.monotonic() + timeout_s
+    while time.monotonic() < deadline_s:
         try:
-            with urllib.request.urlopen(f"http://{http}/v2/models/{MODEL}/ready", timeout=2) as r:
+            with urllib.request.urlopen(
+                f"http://{http}/v2/models/{MODEL}/ready", timeout=READY_TIMEOUT_S
+            ) as r:
                 if r.status == 200 and ready_workers(client) >= workers:
                     return
         except OSError:
             pass
-        time.sleep(0.5)
+        time.sleep(READY_POLL_S)
     raise RuntimeError(f"sluice serve with {workers} workers did not become ready")
 
 
@@ -211,7 +225,7 @@ def sluice_serve(redis_url: str, workers: int) -> Iterator[str]:
     finally:
         process.terminate()
         try:
-            process.wait(60)
+            process.wait(STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
@@ -223,15 +237,15 @@ def serve_log(workers: int) -> IO[bytes]:
     return tempfile.NamedTemporaryFile(prefix=f"sluice-serve-{workers}w-", suffix=".log")
 
 
-def background(client: redis.Redis, seconds: float = IDLE_S) -> tuple[float, float]:
+def background(client: redis.Redis, window_s: float = IDLE_S) -> tuple[float, float]:
     """Redis (CPU µs/s, commands/s) with the fleet idle."""
     before = snapshot(client)
-    time.sleep(seconds)
+    time.sleep(window_s)
     after = snapshot(client)
-    span = after.at - before.at
-    return (after.cpu_s - before.cpu_s) * 1e6 / span, (
+    span_s = after.at_s - before.at_s
+    return (after.cpu_s - before.cpu_s) * 1e6 / span_s, (
         after.total_calls() - before.total_calls()
-    ) / span
+    ) / span_s
 
 
 def bench_settings(http: str, concurrency: int, window_s: float) -> BenchSettings:
@@ -254,7 +268,7 @@ def measure_level(
     counts1, snap1 = model_counts(http), snapshot(client)
     inferences, executions = counts1[0] - counts0[0], counts1[1] - counts0[1]
     commands = command_diff(snap0, snap1)
-    seconds = snap1.at - snap0.at
+    span_s = snap1.at_s - snap0.at_s
     cpu_us = (snap1.cpu_s - snap0.cpu_s) * 1e6
     n = max(1, inferences)
     latency = level.result.latency
@@ -266,7 +280,7 @@ def measure_level(
         p99_ms=round(latency.p99_us / 1e3, 2) if latency else 0.0,
         stable=level.stable,
         errors=level.result.errors,
-        seconds=round(seconds, 2),
+        seconds=round(span_s, 2),
         inferences=inferences,
         executions=executions,
         avg_batch=round(inferences / max(1, executions), 2),
@@ -274,7 +288,7 @@ def measure_level(
         redis_cpu_us=round(cpu_us),
         cmds_per_inference=round(sum(c for c, _ in commands.values()) / n, 3),
         cpu_us_per_inference=round(cpu_us / n, 2),
-        net_cpu_us_per_inference=round((cpu_us - idle_cpu * seconds) / n, 2),
+        net_cpu_us_per_inference=round((cpu_us - idle_cpu * span_s) / n, 2),
         model_slot_share=round(shard_split(commands), 3),
         batch_sizes=level.result.server.batch_sizes if level.result.server else {},
         per_command={
@@ -336,10 +350,10 @@ def nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 def fit_service(bound: dict[int, float]) -> dict[str, float]:
     """t(b) = a + c·b through the model-alone figures, least squares on relative error."""
     sizes = np.array(sorted(bound), dtype=float)
-    times = np.array([b / bound[int(b)] for b in sizes])  # seconds per batch
-    weights = 1 / times
+    batch_times_s = np.array([b / bound[int(b)] for b in sizes])
+    weights = 1 / batch_times_s
     design = np.stack([np.ones_like(sizes), sizes], axis=1) * weights[:, None]
-    a, c = np.linalg.lstsq(design, times * weights, rcond=None)[0]
+    a, c = np.linalg.lstsq(design, batch_times_s * weights, rcond=None)[0]
     return {"a_ms": round(float(a) * 1e3, 4), "c_ms": round(float(c) * 1e3, 5)}
 
 
@@ -349,7 +363,7 @@ def run_workers(
     client.flushall()
     with sluice_serve(url, workers) as http:
         wait_ready(http, client, workers)
-        time.sleep(1.0)  # past the first heartbeats and recovery polls
+        time.sleep(SETTLE_S)
         idle_cpu, idle_cmds = background(client)
         print(
             f"workers {workers}: idle Redis {idle_cpu:.0f} µs CPU/s, {idle_cmds:.1f} cmds/s",
@@ -387,8 +401,8 @@ def main() -> None:
     levels = [int(c) for c in args.concurrency.split(",")]
     if not (EXAMPLES / "mlp" / "1" / "model.pt").exists():
         subprocess.run([sys.executable, str(ROOT / "examples" / "build_models.py")], check=True)
-    started = time.monotonic()
-    bound = model_bound(trials=2, seconds=1.0)
+    started_s = time.monotonic()
+    bound = model_bound(trials=2, trial_s=1.0)
     service = fit_service(bound)
     print("model alone, 1 thread:", {b: round(v) for b, v in bound.items()}, "infer/s;", service)
     rows: list[LevelRecord] = []
@@ -412,7 +426,7 @@ def main() -> None:
         "generator, so more workers cannot add throughput here; the per-inference Redis cost "
         "is the point of this run."
     )
-    print(f"took {time.monotonic() - started:.0f} s")
+    print(f"took {time.monotonic() - started_s:.0f} s")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         document: dict[str, Any] = {

@@ -52,6 +52,10 @@ from sluice.embedded_redis import EmbeddedRedis  # noqa: E402
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 TOLERANCE = 1e-4
+#: how often the Redis restarter checks whether the soak is half done.
+RESTART_CHECK_S = 0.05
+#: how often the soak prints its progress.
+REPORT_EVERY_S = 5.0
 
 
 # ---------------------------------------------------------------------------- requests
@@ -178,7 +182,7 @@ async def one_request(load: Load, index: int) -> None:
     binary = load.encoding == "binary" or (load.encoding == "mixed" and index % 2 == 0)
     body, headers = encode_request(load, request_id, row, binary)
     load.tally.sent += 1
-    started = time.monotonic()
+    started_s = time.monotonic()
     try:
         async with load.session.post(
             load.url, data=body, headers=headers, timeout=load.timeout
@@ -187,19 +191,19 @@ async def one_request(load: Load, index: int) -> None:
             status = response.status
             header_length = response.headers.get(HEADER_LENGTH)
     except TimeoutError:
-        load.tally.lose("no answer within the client timeout", request_id, started)
+        load.tally.lose("no answer within the client timeout", request_id, started_s)
         return
     except aiohttp.ClientError as exc:
-        load.tally.lose(f"connection error: {type(exc).__name__}", request_id, started)
+        load.tally.lose(f"connection error: {type(exc).__name__}", request_id, started_s)
         return
-    load.tally.last_answer = time.monotonic()
-    load.tally.latencies.append(load.tally.last_answer - started)
+    load.tally.last_answer_s = time.monotonic()
+    load.tally.latencies_s.append(load.tally.last_answer_s - started_s)
     if status == 200:
         why = judge_ok(load, request_id, row, payload, header_length)
     else:
         why = judge_error(load.tally, status, payload)
     if why is not None:
-        load.tally.lose(why, request_id, started)
+        load.tally.lose(why, request_id, started_s)
 
 
 async def client(load: Load, counter: itertools.count, total: int) -> None:
@@ -240,13 +244,13 @@ async def restarter(
 ) -> None:
     while tally.done < at and not stop.is_set():
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), 0.05)
+            await asyncio.wait_for(stop.wait(), RESTART_CHECK_S)
     if stop.is_set():
         return
-    started = time.monotonic()
+    started_s = time.monotonic()
     chaos.note("Redis restart begins")
     await asyncio.get_running_loop().run_in_executor(owner, server.restart)
-    chaos.redis_restart_s = time.monotonic() - started
+    chaos.redis_restart_s = time.monotonic() - started_s
     chaos.redis_restarts += 1
     chaos.note("Redis answers PING again")
     print(
@@ -257,12 +261,12 @@ async def restarter(
 
 
 async def reporter(tally: Tally, chaos: Chaos, total: int, stop: asyncio.Event) -> None:
-    started = time.monotonic()
+    started_s = time.monotonic()
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), 5.0)
+            await asyncio.wait_for(stop.wait(), REPORT_EVERY_S)
         print(
-            f"[soak] {time.monotonic() - started:6.1f}s answered {tally.done}/{total} ok "
+            f"[soak] {time.monotonic() - started_s:6.1f}s answered {tally.done}/{total} ok "
             f"{tally.ok} errors {sum(tally.clear.values())} lost {sum(tally.lost.values())} "
             f"wrong {sum(tally.wrong.values())} kills {chaos.kills}",
             file=sys.stderr,
@@ -303,7 +307,7 @@ async def run_load(
             io,
             pool,
             args.encoding,
-            aiohttp.ClientTimeout(total=args.timeout),
+            aiohttp.ClientTimeout(total=args.timeout_s),
             tally,
             set(),
             random.Random(args.seed),
@@ -315,22 +319,22 @@ async def run_load(
         counter = itertools.count(warm)
         stop = asyncio.Event()
         side = [asyncio.create_task(reporter(tally, chaos, args.requests, stop))]
-        if not args.no_chaos and args.kill_every > 0:
-            side.append(asyncio.create_task(killer(serve, args.kill_every, chaos, stop)))
+        if not args.no_chaos and args.kill_every_s > 0:
+            side.append(asyncio.create_task(killer(serve, args.kill_every_s, chaos, stop)))
         if not args.no_chaos and not args.no_redis_restart:
             middle = args.requests // 2
             side.append(asyncio.create_task(restarter(server, owner, tally, middle, chaos, stop)))
-        started = tally.t0 = chaos.t0 = time.monotonic()
+        started_s = tally.t0_s = chaos.t0_s = time.monotonic()
         try:
             await asyncio.gather(
                 *(client(load, counter, args.requests) for _ in range(args.concurrency))
             )
         finally:
-            elapsed = time.monotonic() - started
+            elapsed_s = time.monotonic() - started_s
             stop.set()
             await asyncio.gather(*side, return_exceptions=True)
         report["end"] = memory_snapshot(serve, server.url)
-        return tally, chaos, elapsed
+        return tally, chaos, elapsed_s
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -339,7 +343,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument(
-        "--kill-every", type=float, default=2.0, help="SIGKILL a worker this often (0: never)"
+        "--kill-every",
+        dest="kill_every_s",
+        type=float,
+        default=2.0,
+        help="SIGKILL a worker this often (0: never)",
     )
     parser.add_argument("--no-chaos", action="store_true", help="no kills, no Redis restart")
     parser.add_argument("--no-redis-restart", action="store_true")
@@ -352,13 +360,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--pool", type=int, default=64, help="distinct inputs")
     parser.add_argument("--warmup", type=int, default=200, help="requests before chaos starts")
-    parser.add_argument("--timeout", type=float, default=120.0, help="per-request client timeout")
     parser.add_argument(
-        "--server-request-timeout", type=float, default=None, help="serve --request-timeout-s"
+        "--timeout", dest="timeout_s", type=float, default=120.0, help="per-request client timeout"
+    )
+    parser.add_argument(
+        "--server-request-timeout",
+        dest="server_request_timeout_s",
+        type=float,
+        default=None,
+        help="serve --request-timeout-s",
     )
     parser.add_argument("--http-port", type=int, default=0)
     parser.add_argument("--metrics-port", type=int, default=0)
-    parser.add_argument("--ready-timeout", type=float, default=180.0)
+    parser.add_argument("--ready-timeout", dest="ready_timeout_s", type=float, default=180.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log-file", type=Path, default=None, help="write serve's output here")
     args = parser.parse_args(argv)
@@ -376,9 +390,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(f"[soak] Redis at {server.url}; starting sluice serve", file=sys.stderr, flush=True)
         serve = Serve(args, server.url)
-        serve.wait_ready(args.ready_timeout)
+        serve.wait_ready(args.ready_timeout_s)
         print(f"[soak] ready; workers {serve.worker_pids()}", file=sys.stderr, flush=True)
-        tally, chaos, elapsed = asyncio.run(run_load(args, serve, server, owner, report))
+        tally, chaos, elapsed_s = asyncio.run(run_load(args, serve, server, owner, report))
     finally:
         if serve is not None:
             code = serve.stop()
@@ -388,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         owner.submit(server.stop).result()
         owner.shutdown()
     assert serve is not None
-    lines = summary(args, tally, chaos, elapsed, report, serve)
+    lines = summary(args, tally, chaos, elapsed_s, report, serve)
     bad = sum(tally.lost.values()) + sum(tally.wrong.values())
     if bad:
         noteworthy = [line for line in serve.log if "ERROR" in line or "WARNING" in line]

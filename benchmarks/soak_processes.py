@@ -18,6 +18,10 @@ import redis
 from sluice.embedded_redis import tied_to_parent
 
 READY_LINE = "sluice ready"
+#: how often a starting serve's readiness is checked.
+READY_POLL_S = 0.2
+#: how long reading Redis's memory figures may take.
+MEMORY_READ_TIMEOUT_S = 5
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -49,8 +53,8 @@ class Serve:
             "--metrics-port",
             str(self.metrics_port),
         ]
-        if args.server_request_timeout is not None:
-            argv += ["--request-timeout-s", str(args.server_request_timeout)]
+        if args.server_request_timeout_s is not None:
+            argv += ["--request-timeout-s", str(args.server_request_timeout_s)]
         self.log: list[str] = []
         self.ready = threading.Event()
         self.process = subprocess.Popen(
@@ -72,9 +76,9 @@ class Serve:
                 self.ready.set()
 
     def wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not self.ready.wait(0.2):
-            if self.process.poll() is not None or time.monotonic() > deadline:
+        deadline_s = time.monotonic() + timeout_s
+        while not self.ready.wait(READY_POLL_S):
+            if self.process.poll() is not None or time.monotonic() > deadline_s:
                 tail = "\n".join(self.log[-40:])
                 raise SystemExit(f"sluice serve did not become ready:\n{tail}")
 
@@ -126,7 +130,7 @@ def rss_mib(pid: int) -> float | None:
 def memory_snapshot(serve: Serve, redis_url: str) -> dict[str, Any]:
     used: int | None = None
     try:
-        client = redis.Redis.from_url(redis_url, socket_timeout=5)
+        client = redis.Redis.from_url(redis_url, socket_timeout=MEMORY_READ_TIMEOUT_S)
         try:
             used = int(client.info("memory")["used_memory"])
         finally:

@@ -32,10 +32,10 @@ def _lost_timeline(tally: Tally, chaos: Chaos, limit: int = 12) -> list[str]:
     if not tally.lost_log:
         return []
     lines = [f"lost requests (first {limit}), seconds after the start of the chaos phase:"]
-    for sent, request_id, _why in sorted(tally.lost_log)[:limit]:
-        before = [(t, what) for t, what in chaos.events if t <= sent]
+    for sent_s, request_id, _why in sorted(tally.lost_log)[:limit]:
+        before = [(at_s, what) for at_s, what in chaos.events if at_s <= sent_s]
         last = f"{before[-1][1]} at {before[-1][0]:.2f} s" if before else "no chaos yet"
-        lines.append(f"  {request_id} sent at {sent:.2f} s; last event before: {last}")
+        lines.append(f"  {request_id} sent at {sent_s:.2f} s; last event before: {last}")
     return lines
 
 
@@ -43,20 +43,22 @@ def summary(
     args: argparse.Namespace,
     tally: Tally,
     chaos: Chaos,
-    elapsed: float,
+    elapsed_s: float,
     report: dict[str, Any],
     serve: Serve,
 ) -> list[str]:
     lost, wrong = sum(tally.lost.values()), sum(tally.wrong.values())
-    lat = sorted(tally.latencies)
+    latencies_s = sorted(tally.latencies_s)
 
     def pct(q: float) -> str:
-        return f"{lat[min(len(lat) - 1, int(q * len(lat)))] * 1000:.1f} ms" if lat else "-"
+        if not latencies_s:
+            return "-"
+        return f"{latencies_s[min(len(latencies_s) - 1, int(q * len(latencies_s)))] * 1000:.1f} ms"
 
     restarts_seen = sum("restarting" in line for line in serve.log)
     warm = min(args.warmup, args.requests)
     answered = tally.done - warm - lost
-    busy = max(tally.last_answer - tally.t0, 1e-9)
+    busy_s = max(tally.last_answer_s - tally.t0_s, 1e-9)
     rows = [
         ("sent", tally.sent),
         ("ok", tally.ok),
@@ -66,9 +68,12 @@ def summary(
         ("workers killed", chaos.kills),
         ("worker restarts logged by serve", restarts_seen),
         ("Redis restarts", chaos.redis_restarts),
-        ("elapsed (after warm-up)", f"{elapsed:.1f} s"),
-        ("throughput (answers/s)", f"{(tally.done - warm) / elapsed:.1f}"),
-        ("  not counting waits for lost", f"{answered / busy:.1f} (last answer at {busy:.1f} s)"),
+        ("elapsed (after warm-up)", f"{elapsed_s:.1f} s"),
+        ("throughput (answers/s)", f"{(tally.done - warm) / elapsed_s:.1f}"),
+        (
+            "  not counting waits for lost",
+            f"{answered / busy_s:.1f} (last answer at {busy_s:.1f} s)",
+        ),
         ("latency p50 / p99 / max", f"{pct(0.5)} / {pct(0.99)} / {pct(1.0)}"),
     ]
     width = max(len(name) for name, _ in rows)

@@ -18,15 +18,15 @@ class Tally:
     lost: Counter[str] = field(default_factory=Counter)
     wrong: Counter[str] = field(default_factory=Counter)
     answered: set[str] = field(default_factory=set)
-    latencies: list[float] = field(default_factory=list)
+    latencies_s: list[float] = field(default_factory=list)
     #: lost requests: (seconds after t0 when sent, id, why).
     lost_log: list[tuple[float, str, str]] = field(default_factory=list)
-    t0: float = field(default_factory=time.monotonic)
-    last_answer: float = 0.0
+    t0_s: float = field(default_factory=time.monotonic)
+    last_answer_s: float = 0.0
 
-    def lose(self, why: str, request_id: str, sent: float) -> None:
+    def lose(self, why: str, request_id: str, sent_s: float) -> None:
         self.lost[why] += 1
-        self.lost_log.append((sent - self.t0, request_id, why))
+        self.lost_log.append((sent_s - self.t0_s, request_id, why))
 
     @property
     def done(self) -> int:
@@ -43,7 +43,7 @@ class Chaos:
     redis_restart_s: float = 0.0
     #: (seconds after t0, what happened).
     events: list[tuple[float, str]] = field(default_factory=list)
-    t0: float = field(default_factory=time.monotonic)
+    t0_s: float = field(default_factory=time.monotonic)
 
     def note(self, what: str) -> None:
-        self.events.append((time.monotonic() - self.t0, what))
+        self.events.append((time.monotonic() - self.t0_s, what))
