@@ -1,5 +1,6 @@
 """The data path's layers: sluice.shared imports neither side; the gateway and the workers
-never import each other. A module-level or function-level import breaks it alike."""
+never import each other; no package's modules import each other in a circle. A module-level,
+function-level or type-checking import breaks it alike."""
 
 from __future__ import annotations
 
@@ -18,13 +19,41 @@ FORBIDDEN = {
 
 
 def _imports(path: Path) -> set[str]:
+    """The modules `path` imports, and for `from m import n` also `m.n` (a submodule, if
+    `n` is one)."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
     return names
+
+
+def _module_paths() -> dict[str, Path]:
+    """Every module of the three packages by its import name."""
+    modules = {}
+    for folder in FORBIDDEN:
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            modules[".".join(("sluice", *parts[: -1 if parts[-1] == "__init__" else None]))] = path
+    return modules
+
+
+def _circle_from(start: str, graph: dict[str, set[str]]) -> list[str] | None:
+    """An import path from `start` back to itself, if there is one."""
+    paths = [[start]]
+    seen = {start}
+    while paths:
+        path = paths.pop()
+        for name in sorted(graph[path[-1]]):
+            if name == start:
+                return [*path, start]
+            if name not in seen:
+                seen.add(name)
+                paths.append([*path, name])
+    return None
 
 
 @pytest.mark.parametrize("folder", sorted(FORBIDDEN))
@@ -48,3 +77,15 @@ def test_nothing_imports_the_old_top_level_names() -> None:
         if name.split(".")[0] in old
     ]
     assert stray == []
+
+
+def test_no_modules_import_each_other_in_a_circle() -> None:
+    """A circle hides which module comes first, and lasts only while one of its imports is
+    deferred."""
+    modules = _module_paths()
+    graph = {
+        name: {other for other in _imports(path) if other in modules and other != name}
+        for name, path in modules.items()
+    }
+    circles = [c for c in (_circle_from(name, graph) for name in sorted(graph)) if c is not None]
+    assert circles == []
