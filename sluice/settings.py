@@ -4,9 +4,10 @@
 ServeSettings (the gateway's and the workers' options together) and `sluice jobs worker`
 JobsWorkerSettings. serve hands each child its settings as JSON in one environment variable.
 
-Each option's default is written once: here, or, for a policy the gateway or the workers also
-build in code, as that policy's default. The gateway's and the worker's config types are built
-here, and nowhere else, each field from the option of its name.
+Each option's default is written once: here, or, where the gateway or the workers also use it
+without settings (a policy's default, a constant), there, and read from there. The gateway's and
+the worker's config types are built here, and nowhere else, each field from the option of its
+name.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
+from sluice.gateway.dispatcher import DEFAULT_MAX_HELD_RESPONSE_BYTES
 from sluice.gateway.grpc_options import CompressionLevel, GrpcOptions
 from sluice.gateway.outage import OutagePolicy
 from sluice.gateway.restricted_apis import GRPC_HEADER_PREFIX, Restrictions, parse_restrictions
@@ -50,7 +52,7 @@ JOBS_WORKER_SETTINGS_ENV = "SLUICE_JOBS_WORKER_SETTINGS"
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 
-#: the defaults of the policies the gateway and the workers also build in code.
+#: the defaults of the policies the gateway and the workers also build without settings.
 OUTAGE = OutagePolicy()
 RECOVERY = RecoveryPolicy()
 
@@ -212,7 +214,7 @@ class GatewayOptions(ProcessSettings, IdlePolling, ModelControl):
         check=at_least(1),
     )
     stream_max_held_bytes: int = option(
-        64 << 20,
+        DEFAULT_MAX_HELD_RESPONSE_BYTES,
         help="Bytes of a streamed request's responses (gRPC stream, generate_stream) the gateway "
         "holds for a client that does not read them; past them the request is stopped and "
         "answered with an error.",
