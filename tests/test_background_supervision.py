@@ -28,6 +28,7 @@ from sluice.shared.supervision import Supervisor
 from sluice.workers.model_queue import ModelQueue
 from sluice.workers.reader import StreamReader
 from sluice.workers.recovery import RecoveryPolicy
+from sluice.workers.stacked import StackedInstance
 from sluice.workers.takeover import Takeover
 from sluice.workers.worker import Worker
 
@@ -174,10 +175,11 @@ async def served(
     """The "add" model's queue, which takes a read entry over once it idled 300 ms."""
     redis_client = async_client(redis_url)
     reader = async_client(redis_url, socket_timeout_s=None)
+    spec, cpu = add_model(tmp_path), torch.device("cpu")
     model_queue = ModelQueue(
-        add_model(tmp_path),
-        {1: [plus_one]},
-        torch.device("cpu"),
+        spec,
+        {1: [StackedInstance(spec, plus_one, cpu)]},
+        cpu,
         redis_client,
         reader,
         "c1",
