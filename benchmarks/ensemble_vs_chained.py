@@ -33,6 +33,11 @@ EXAMPLES = ROOT / "examples" / "model_repository"
 LEVELS = (1, 32)
 MODES = ("ensemble", "chained")
 STEPS = ("digits_pre", "digits", "digits_post")
+#: each mode and level runs this long before its turns are measured.
+WARMUP_S = 1.0
+#: how long a readiness query may take, and how often a starting server is asked again.
+READY_TIMEOUT_S = 2
+READY_POLL_S = 0.5
 
 Call = Callable[[aioclient.InferenceServerClient, np.ndarray], Awaitable[object]]
 
@@ -59,34 +64,34 @@ async def chained(client: aioclient.InferenceServerClient, pixels: np.ndarray) -
     return label.as_numpy("LABEL")
 
 
-async def closed_loop(url: str, call: Call, level: int, seconds: float) -> list[float]:
+async def closed_loop(url: str, call: Call, level: int, duration_s: float) -> list[float]:
     """`level` clients, each sending its next request when the last one is answered, for
-    `seconds`: every request's latency."""
+    `duration_s`: every request's latency in seconds."""
     images = load_digits().images.astype(np.uint8)
-    latencies: list[float] = []
+    latencies_s: list[float] = []
     client = aioclient.InferenceServerClient(url, conn_limit=level)
-    deadline = time.perf_counter() + seconds
+    deadline_s = time.perf_counter() + duration_s
 
     async def one_client(index: int) -> None:
         row = index
-        while time.perf_counter() < deadline:
+        while time.perf_counter() < deadline_s:
             pixels = images[row % len(images)][None]
-            start = time.perf_counter()
+            start_s = time.perf_counter()
             await call(client, pixels)
-            latencies.append(time.perf_counter() - start)
+            latencies_s.append(time.perf_counter() - start_s)
             row += level
 
     try:
         await asyncio.gather(*(one_client(i) for i in range(level)))
     finally:
         await client.close()
-    return latencies
+    return latencies_s
 
 
-def figures(latencies: list[float], seconds: float) -> dict[str, float]:
-    ordered = sorted(latencies)
+def figures(latencies_s: list[float], duration_s: float) -> dict[str, float]:
+    ordered = sorted(latencies_s)
     return {
-        "throughput": len(ordered) / seconds,
+        "throughput": len(ordered) / duration_s,
         "p50_ms": ordered[len(ordered) // 2] * 1e3,
         "p99_ms": ordered[int(len(ordered) * 0.99)] * 1e3,
     }
@@ -103,16 +108,16 @@ def subprocess_running(command: list[str]) -> Iterator[None]:
 
 
 def wait_ready(url: str, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    deadline_s = time.monotonic() + timeout_s
+    while time.monotonic() < deadline_s:
         try:
             ready = f"http://{url}/v2/models/digits_ensemble/ready"
-            with urllib.request.urlopen(ready, timeout=2) as answer:
+            with urllib.request.urlopen(ready, timeout=READY_TIMEOUT_S) as answer:
                 if answer.status == 200:
                     return
         except OSError:
             pass
-        time.sleep(0.5)
+        time.sleep(READY_POLL_S)
     raise RuntimeError(f"{url} did not become ready")
 
 
@@ -138,8 +143,12 @@ def report(runs: dict[tuple[str, int], dict[str, float]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=30.0, help="per mode and level")
-    parser.add_argument("--window", type=float, default=1.0, help="seconds per turn")
+    parser.add_argument(
+        "--seconds", dest="total_s", type=float, default=30.0, help="per mode and level"
+    )
+    parser.add_argument(
+        "--window", dest="window_s", type=float, default=1.0, help="seconds per turn"
+    )
     parser.add_argument("--port", type=int, default=18000)
     args = parser.parse_args()
     if not (EXAMPLES / "digits" / "1" / "model.pt").exists():
@@ -152,18 +161,18 @@ def main() -> None:
     url = f"127.0.0.1:{args.port}"
     calls: dict[str, Call] = {"ensemble": ensemble, "chained": chained}
     runs: dict[tuple[str, int], dict[str, float]] = {}
-    turns = max(1, round(args.seconds / args.window))
+    turns = max(1, round(args.total_s / args.window_s))
     with subprocess_running(command):
         wait_ready(url)
         for level in LEVELS:
             for mode in MODES:  # warm every step and both paths
-                asyncio.run(closed_loop(url, calls[mode], level, 1.0))
+                asyncio.run(closed_loop(url, calls[mode], level, WARMUP_S))
             pooled: dict[str, list[float]] = {mode: [] for mode in MODES}
             for turn in range(turns):
                 for mode in MODES if turn % 2 == 0 else MODES[::-1]:
-                    pooled[mode] += asyncio.run(closed_loop(url, calls[mode], level, args.window))
+                    pooled[mode] += asyncio.run(closed_loop(url, calls[mode], level, args.window_s))
             for mode in MODES:
-                runs[(mode, level)] = figures(pooled[mode], turns * args.window)
+                runs[(mode, level)] = figures(pooled[mode], turns * args.window_s)
                 print(f"c={level} {mode}: {runs[(mode, level)]}", flush=True)
     print(report(runs))
 

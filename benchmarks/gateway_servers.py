@@ -33,6 +33,8 @@ Receive = Callable[[], Any]
 Send = Callable[[dict[str, Any]], Any]
 
 BODY_LIMIT = "request body exceeds the limit of {} bytes"
+#: how often a starting granian is asked again whether it listens.
+LISTEN_POLL_S = 0.01
 
 
 def _body(response: HttpResponse) -> bytes:
@@ -194,7 +196,7 @@ class GranianServer:
         """granian binds on a thread of its own and says nothing when it has: connect until
         it answers (or its task ends, which re-raises why)."""
         assert self._task is not None
-        deadline = asyncio.get_running_loop().time() + timeout_s
+        deadline_s = asyncio.get_running_loop().time() + timeout_s
         while True:
             if self._task.done():
                 self._task.result()
@@ -202,9 +204,9 @@ class GranianServer:
             try:
                 _, writer = await asyncio.open_connection(host, port)
             except OSError:
-                if asyncio.get_running_loop().time() > deadline:
+                if asyncio.get_running_loop().time() > deadline_s:
                     raise
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(LISTEN_POLL_S)
                 continue
             writer.close()
             return

@@ -32,18 +32,19 @@ VARIANTS = ("settled", "default")
 GATEWAY = """
 import gc, json, os, sys, threading, time
 path, variant = sys.argv[1:3]
-spent, runs, started = [0.0, 0.0, 0.0], [0, 0, 0], [0.0]
+PUBLISH_EVERY_S = 0.2
+spent_s, runs, started_s = [0.0, 0.0, 0.0], [0, 0, 0], [0.0]
 def timed(phase, info):
     if phase == "start":
-        started[0] = time.perf_counter()
+        started_s[0] = time.perf_counter()
     else:
-        spent[info["generation"]] += time.perf_counter() - started[0]
+        spent_s[info["generation"]] += time.perf_counter() - started_s[0]
         runs[info["generation"]] += 1
 def publish():
     while True:
-        time.sleep(0.2)
+        time.sleep(PUBLISH_EVERY_S)
         with open(path + ".tmp", "w") as out:
-            json.dump({"gc_us": sum(spent) * 1e6, "collections": sum(runs), "full": runs[2]}, out)
+            json.dump({"gc_us": sum(spent_s) * 1e6, "collections": sum(runs), "full": runs[2]}, out)
         os.replace(path + ".tmp", path)
 gc.callbacks.append(timed)
 threading.Thread(target=publish, daemon=True).start()

@@ -39,6 +39,8 @@ PROTOCOLS = ("http", "grpc")
 LEVELS = (1, 64)
 #: a 3 s window, stable within 50 % over up to 8 windows: a shared 2-core machine rarely
 #: settles within perf_analyzer's default 10 %.
+#: the longest one perf_analyzer run may take.
+RUN_TIMEOUT_S = 600
 PA_WINDOW = ["-p", "3000", "-s", "50", "-r", "8"]
 
 
@@ -94,7 +96,7 @@ def measure(protocol: str, port: int, level: int, pid: int) -> dict[str, float |
         env=pa[1],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=RUN_TIMEOUT_S,
     )
     if run.returncode != 0 or not csv_path.exists():
         return {"error": " ".join(run.stdout.strip().splitlines()[-1:])}

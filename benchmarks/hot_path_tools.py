@@ -38,10 +38,10 @@ RESPONSE_OUTPUT = np.random.rand(512).astype(np.float32)
 
 
 def per_call_us(fn: Callable[[], object], calls: int) -> float:
-    start = time.perf_counter()
+    start_s = time.perf_counter()
     for _ in range(calls):
         fn()
-    return (time.perf_counter() - start) / calls * 1e6
+    return (time.perf_counter() - start_s) / calls * 1e6
 
 
 def json_figures() -> list[tuple[str, float, float]]:
@@ -92,13 +92,13 @@ def redis_figures(url: str) -> tuple[str, float, float]:
 def loop_figures() -> tuple[str, float, float]:
     async def churn() -> float:
         loop = asyncio.get_running_loop()
-        start, n = time.perf_counter(), 100_000
+        start_s, n = time.perf_counter(), 100_000
         for _ in range(n // 1000):
             futures = [loop.create_future() for _ in range(1000)]
             for f in futures:
                 loop.call_soon(f.set_result, None)
             await asyncio.gather(*futures)
-        return (time.perf_counter() - start) / n * 1e6
+        return (time.perf_counter() - start_s) / n * 1e6
 
     stdlib = asyncio.run(churn())
     fast = uvloop.run(churn())

@@ -53,6 +53,16 @@ from charlm_modes import MODES, build_repository  # noqa: E402
 PLOT = ROOT / "benchmarks" / "inflight_vs_batched.png"
 PROMPTS = ("def ", "The ", "class ", "import ", "for ", "If the ", "return ", "A ")
 MEAN_TOKENS = 128
+#: the start of a run left out of its tokens/s, as its arrivals ramp up (at most a quarter
+#: of its arrival window).
+RAMP_CAP_S = 2.0
+#: how long a readiness query may take, and how often a starting serve is asked again.
+READY_TIMEOUT_S = 2
+READY_POLL_S = 0.3
+#: the pause after a run: cancelled streams end and the instance is free before the next.
+SETTLE_S = 1.0
+#: how long one whole generation may take in the modes' same-text check.
+GENERATE_TIMEOUT_S = 60
 #: one run's figures, as printed (JSON) and tabled.
 Row = dict[str, Any]
 HEADER = (
@@ -66,7 +76,7 @@ HEADER = (
 class Planned:
     """One request of the load: when it is sent (s after the start), its prompt and length."""
 
-    at: float
+    at_s: float
     prompt: str
     tokens: int
 
@@ -76,24 +86,24 @@ class Record:
     """What the client saw of one request."""
 
     planned: Planned
-    sent: float = math.nan
-    tokens: list[float] = field(default_factory=list)
+    sent_s: float = math.nan
+    tokens_at_s: list[float] = field(default_factory=list)
     done: bool = False
     error: str = ""
 
 
-def plan(rate: float, seconds: float, cap: int, seed: int = 0) -> list[Planned]:
-    """Poisson arrivals at `rate` for `seconds`; lengths and prompts from a sequence of their
+def plan(rate: float, window_s: float, cap: int, seed: int = 0) -> list[Planned]:
+    """Poisson arrivals at `rate` for `window_s`; lengths and prompts from a sequence of their
     own, so every rate and mode sees the same requests in the same order."""
-    gaps = np.random.default_rng(seed).exponential(1 / rate, size=int(rate * seconds * 2) + 16)
-    times = np.cumsum(gaps)
-    times = times[times < seconds]
-    drawn = np.random.default_rng(seed + 1).exponential(MEAN_TOKENS, size=len(times))
+    gaps_s = np.random.default_rng(seed).exponential(1 / rate, size=int(rate * window_s * 2) + 16)
+    times_s = np.cumsum(gaps_s)
+    times_s = times_s[times_s < window_s]
+    drawn = np.random.default_rng(seed + 1).exponential(MEAN_TOKENS, size=len(times_s))
     lengths = np.minimum(cap, np.ceil(drawn))
-    prompts = np.random.default_rng(seed + 2).integers(len(PROMPTS), size=len(times))
+    prompts = np.random.default_rng(seed + 2).integers(len(PROMPTS), size=len(times_s))
     return [
-        Planned(float(t), PROMPTS[p], max(1, int(n)))
-        for t, p, n in zip(times, prompts, lengths, strict=True)
+        Planned(float(at_s), PROMPTS[p], max(1, int(n)))
+        for at_s, p, n in zip(times_s, prompts, lengths, strict=True)
     ]
 
 
@@ -102,40 +112,42 @@ class Run:
     """One open-loop run: its records, when it started, its arrival window, when it ended."""
 
     records: list[Record]
-    start: float
-    seconds: float
-    end: float
+    start_s: float
+    window_s: float
+    end_s: float
 
     def figures(self) -> Row:
-        ramp = min(2.0, self.seconds / 4)
-        low, high = self.start + ramp, self.start + self.seconds
-        arrivals = [t for r in self.records for t in r.tokens]
-        in_window = sum(low <= t < high for t in arrivals)
-        sent = [r for r in self.records if not math.isnan(r.sent)]
-        ttft = [(r.tokens[0] if r.tokens else self.end) - r.sent for r in sent]
-        itl = [b - a for r in sent for a, b in zip(r.tokens, r.tokens[1:], strict=False)]
-        completed = [r for r in sent if r.done and len(r.tokens) == r.planned.tokens]
-        offered = sum(r.planned.tokens for r in self.records) / self.seconds
+        ramp_s = min(RAMP_CAP_S, self.window_s / 4)
+        low_s, high_s = self.start_s + ramp_s, self.start_s + self.window_s
+        arrivals_s = [at_s for r in self.records for at_s in r.tokens_at_s]
+        in_window = sum(low_s <= at_s < high_s for at_s in arrivals_s)
+        sent = [r for r in self.records if not math.isnan(r.sent_s)]
+        ttft_s = [(r.tokens_at_s[0] if r.tokens_at_s else self.end_s) - r.sent_s for r in sent]
+        itl_s = [
+            b - a for r in sent for a, b in zip(r.tokens_at_s, r.tokens_at_s[1:], strict=False)
+        ]
+        completed = [r for r in sent if r.done and len(r.tokens_at_s) == r.planned.tokens]
+        offered = sum(r.planned.tokens for r in self.records) / self.window_s
         return {
             "requests": len(self.records),
             "offered_tokens_per_s": offered,
             "completed": len(completed),
-            "wrong_length": sum(r.done and len(r.tokens) != r.planned.tokens for r in sent),
+            "wrong_length": sum(r.done and len(r.tokens_at_s) != r.planned.tokens for r in sent),
             "errors": sum(bool(r.error) for r in sent),
-            "tokens_per_s": in_window / (high - low),
-            "ttft_p50_ms": percentile(ttft, 50) * 1e3,
-            "ttft_p99_ms": percentile(ttft, 99) * 1e3,
-            "itl_p50_ms": percentile(itl, 50) * 1e3,
-            "itl_p99_ms": percentile(itl, 99) * 1e3,
+            "tokens_per_s": in_window / (high_s - low_s),
+            "ttft_p50_ms": percentile(ttft_s, 50) * 1e3,
+            "ttft_p99_ms": percentile(ttft_s, 99) * 1e3,
+            "itl_p50_ms": percentile(itl_s, 50) * 1e3,
+            "itl_p99_ms": percentile(itl_s, 99) * 1e3,
         }
 
 
 async def one_request(
-    session: aiohttp.ClientSession, url: str, start: float, planned: Planned, record: Record
+    session: aiohttp.ClientSession, url: str, start_s: float, planned: Planned, record: Record
 ) -> None:
-    await asyncio.sleep(max(0.0, start + planned.at - time.monotonic()))
+    await asyncio.sleep(max(0.0, start_s + planned.at_s - time.monotonic()))
     body = {"text_input": planned.prompt, "max_tokens": planned.tokens, "stop": ""}
-    record.sent = time.monotonic()
+    record.sent_s = time.monotonic()
     async with session.post(url, json=body) as answer:
         if answer.status != 200:
             record.error = f"{answer.status}: {(await answer.text())[:200]}"
@@ -145,28 +157,28 @@ async def one_request(
                 if b'"error"' in line:
                     record.error = line[6:].decode(errors="replace")[:200]
                     return
-                record.tokens.append(time.monotonic())
+                record.tokens_at_s.append(time.monotonic())
     record.done = True
 
 
-async def open_loop(url: str, load: list[Planned], seconds: float, drain_s: float) -> Run:
+async def open_loop(url: str, load: list[Planned], window_s: float, drain_s: float) -> Run:
     """Send `load` on schedule; stop waiting `drain_s` after the last arrival (closing the
     streams still open cancels their requests)."""
     records = [Record(p) for p in load]
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        start = time.monotonic()
+        start_s = time.monotonic()
         tasks = [
-            asyncio.ensure_future(one_request(session, url, start, p, r))
+            asyncio.ensure_future(one_request(session, url, start_s, p, r))
             for p, r in zip(load, records, strict=True)
         ]
-        _, pending = await asyncio.wait(tasks, timeout=seconds + drain_s)
-        end = time.monotonic()
+        _, pending = await asyncio.wait(tasks, timeout=window_s + drain_s)
+        end_s = time.monotonic()
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-    return Run(records, start, seconds, end)
+    return Run(records, start_s, window_s, end_s)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -203,21 +215,24 @@ def serving(repo: Path, log: Path) -> Iterator[str]:
 
 
 def wait_ready(url: str, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as answer:
+    deadline_s = time.monotonic() + timeout_s
+    while time.monotonic() < deadline_s:
+        with (
+            contextlib.suppress(OSError),
+            urllib.request.urlopen(url, timeout=READY_TIMEOUT_S) as answer,
+        ):
             if answer.status == 200:
                 return
-        time.sleep(0.3)
+        time.sleep(READY_POLL_S)
     raise RuntimeError(f"{url} not ready")
 
 
-def measure(url: str, mode: str, rate: float, seconds: float, args: argparse.Namespace) -> Row:
-    load = plan(rate, seconds, args.cap, args.seed)
+def measure(url: str, mode: str, rate: float, window_s: float, args: argparse.Namespace) -> Row:
+    load = plan(rate, window_s, args.cap, args.seed)
     endpoint = f"{url}/v2/models/charlm_{mode}/generate_stream"
-    run = asyncio.run(open_loop(endpoint, load, seconds, args.drain))
-    time.sleep(1.0)  # cancelled streams end and the instance is free before the next run
-    row = {"mode": mode, "rate": round(rate, 3), "seconds": seconds, **run.figures()}
+    run = asyncio.run(open_loop(endpoint, load, window_s, args.drain_s))
+    time.sleep(SETTLE_S)
+    row = {"mode": mode, "rate": round(rate, 3), "seconds": window_s, **run.figures()}
     row["load_1m"] = round(os.getloadavg()[0], 2)
     print(json.dumps(row), flush=True)
     return row
@@ -230,7 +245,9 @@ def same_text(url: str, prompt: str = "def ", tokens: int = 200) -> None:
     for mode in MODES:
         body = json.dumps({"text_input": prompt, "max_tokens": tokens, "stop": ""}).encode()
         endpoint = f"{url}/v2/models/charlm_{mode}/generate_stream"
-        with urllib.request.urlopen(urllib.request.Request(endpoint, body), timeout=60) as answer:
+        with urllib.request.urlopen(
+            urllib.request.Request(endpoint, body), timeout=GENERATE_TIMEOUT_S
+        ) as answer:
             events = [line[6:] for line in answer.read().splitlines() if line.startswith(b"data: ")]
         texts.append("".join(json.loads(event)["text_output"] for event in events))
     if texts[0] != texts[1] or len(texts[0]) != tokens:
@@ -245,7 +262,7 @@ def sweep(url: str, mode: str, args: argparse.Namespace) -> list[Row]:
     rows: list[Row] = []
     rate, best = args.start_rate, 0.0
     for _ in range(args.max_points):
-        rows.append(measure(url, mode, rate, args.sweep_seconds, args))
+        rows.append(measure(url, mode, rate, args.sweep_s, args))
         got = rows[-1]["tokens_per_s"]
         if got < best * 1.05 and got < 0.9 * rows[-1]["offered_tokens_per_s"]:
             break
@@ -272,8 +289,8 @@ def ratio(a: float, b: float) -> str:
 def report(sweeps: dict[str, list[Row]], finals: list[Row], args: argparse.Namespace) -> str:
     lines = [
         f"step at least {args.step_ms} ms, max_batch_size {args.max_batch_size}, lengths "
-        f"exponential mean {MEAN_TOKENS} capped at {args.cap}, sweep runs {args.sweep_seconds} s,"
-        f" final runs {args.seconds} s, drain {args.drain} s",
+        f"exponential mean {MEAN_TOKENS} capped at {args.cap}, sweep runs {args.sweep_s} s,"
+        f" final runs {args.final_s} s, drain {args.drain_s} s",
         "",
         "Sweep (capacity: the highest tokens/s; saturation: the highest rate served, tokens/s at"
         " least 95 % of those offered):",
@@ -372,9 +389,11 @@ def main() -> None:
     parser.add_argument("--start-rate", type=float, default=6.0, help="requests/s")
     parser.add_argument("--factor", type=float, default=1.4)
     parser.add_argument("--max-points", type=int, default=8)
-    parser.add_argument("--sweep-seconds", type=float, default=8.0)
-    parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--drain", type=float, default=4.0, help="seconds after the arrivals")
+    parser.add_argument("--sweep-seconds", dest="sweep_s", type=float, default=8.0)
+    parser.add_argument("--seconds", dest="final_s", type=float, default=20.0)
+    parser.add_argument(
+        "--drain", dest="drain_s", type=float, default=4.0, help="seconds after the arrivals"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plot", type=Path, default=PLOT)
     args = parser.parse_args()
@@ -388,7 +407,7 @@ def main() -> None:
             sweeps = {mode: sweep(url, mode, args) for mode in MODES}
             rate = saturation(sweeps["inflight"])["rate"]
             finals = [
-                measure(url, mode, level, args.seconds, args)
+                measure(url, mode, level, args.final_s, args)
                 for level in (rate, 0.7 * rate)
                 for mode in MODES
             ]

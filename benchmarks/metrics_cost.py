@@ -47,10 +47,10 @@ def redis_us_per_call(client: redis.Redis, with_stats: bool, size: int) -> float
 
 def python_us_per_batch(size: int) -> float:
     stats = batch_stats(size)
-    start = time.perf_counter()
+    start_s = time.perf_counter()
     for _ in range(CALLS):
         stats_record(stats.increments())
-    return (time.perf_counter() - start) / CALLS * 1e6
+    return (time.perf_counter() - start_s) / CALLS * 1e6
 
 
 def main() -> None:

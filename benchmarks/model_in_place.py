@@ -29,30 +29,33 @@ MB = (0.5, 1, 2, 4, 16)
 def forward_us(model: torch.jit.ScriptModule, between: Callable[[], object]) -> float:
     """Median time of one batch-1 forward, each preceded by `between()`."""
     x = torch.randn(1, 512)
-    times = []
+    times_s = []
     with torch.inference_mode():
         for _ in range(20):
             model(x)
         for _ in range(ROUNDS):
             between()
-            start = time.perf_counter()
+            start_s = time.perf_counter()
             model(x)
-            times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
+            times_s.append(time.perf_counter() - start_s)
+    return statistics.median(times_s) * 1e6
 
 
 def main() -> None:
     torch.set_num_threads(1)
     model = torch.jit.load(str(MODEL)).eval()
     other = np.ones(int(max(MB) * 2**20 / 4), dtype=np.float32)
-    alone = forward_us(model, lambda: None)
-    print(f"back to back: {alone:.0f} µs")
-    idle = forward_us(model, lambda: time.sleep(GAP_S))
-    print(f"after {GAP_S * 1e3:.1f} ms idle: {idle:.0f} µs ({idle / alone:.2f}x)")
+    alone_us = forward_us(model, lambda: None)
+    print(f"back to back: {alone_us:.0f} µs")
+    idle_us = forward_us(model, lambda: time.sleep(GAP_S))
+    print(f"after {GAP_S * 1e3:.1f} ms idle: {idle_us:.0f} µs ({idle_us / alone_us:.2f}x)")
     for mb in MB:
         part = other[: int(mb * 2**20 / 4)]
-        t = forward_us(model, part.sum)
-        print(f"after reading {mb:g} MB of other memory: {t:.0f} µs ({t / alone:.2f}x)")
+        after_us = forward_us(model, part.sum)
+        print(
+            f"after reading {mb:g} MB of other memory: {after_us:.0f} µs "
+            f"({after_us / alone_us:.2f}x)"
+        )
 
 
 if __name__ == "__main__":

@@ -25,6 +25,12 @@ ROOT = Path(__file__).resolve().parent.parent
 PEER_CODE = ROOT / "benchmarks" / "peers"
 HOME = Path(os.environ.get("PEERS_HOME", "/tmp/peers"))
 TORCH = "torch==2.13.0"
+#: how long asking a peer's environment for its versions may take.
+VERSION_TIMEOUT_S = 60
+#: how long a killed server may take to exit, then its whole tree.
+KILLED_TIMEOUT_S = 10
+TREE_EXIT_TIMEOUT_S = 5
+TREE_EXIT_POLL_S = 0.2
 #: what each peer's venv gets, and the distribution whose version the report names
 INSTALLS: dict[str, tuple[str, ...]] = {
     "pytriton": ("nvidia-pytriton==0.7.0", "nvidia-pytriton"),
@@ -101,7 +107,9 @@ def version(peer: str) -> str:
         "import importlib.metadata as m, sys\n"
         f"print(m.version({dist!r}), m.version('torch'), sys.version.split()[0])"
     )
-    done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [python, "-c", code], capture_output=True, text=True, timeout=VERSION_TIMEOUT_S
+    )
     if done.returncode != 0:
         return "?"
     ours, torch, py = done.stdout.split()
@@ -234,10 +242,10 @@ def stop(server: Server, grace_s: float = 30.0) -> None:
             server.process.wait(grace_s)
         except subprocess.TimeoutExpired:
             server.process.kill()
-            server.process.wait(10)
-    deadline = time.monotonic() + 5
-    while any(alive(pid) for pid in server.seen) and time.monotonic() < deadline:
-        time.sleep(0.2)
+            server.process.wait(KILLED_TIMEOUT_S)
+    deadline_s = time.monotonic() + TREE_EXIT_TIMEOUT_S
+    while any(alive(pid) for pid in server.seen) and time.monotonic() < deadline_s:
+        time.sleep(TREE_EXIT_POLL_S)
     for pid in server.seen:
         if alive(pid):
             with contextlib.suppress(ProcessLookupError):

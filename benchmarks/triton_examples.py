@@ -38,6 +38,14 @@ ROOT = Path(__file__).resolve().parents[1]
 STAND_INS = ROOT / "tests" / "triton_examples_repo"
 TRITON_START = ROOT.parent / "shared" / "anchor" / "start_tritonserver.sh"
 PORTS = (8000, 8001, 8002)
+#: how long a server may take to be ready, and each readiness query.
+READY_TIMEOUT_S = 180
+READY_QUERY_TIMEOUT_S = 2
+#: how often a starting server's readiness, or a stopped one's ports, are checked.
+POLL_S = 0.5
+#: how long a stopped server may take to exit, then to free its ports.
+STOP_TIMEOUT_S = 30
+PORTS_FREE_TIMEOUT_S = 30
 
 
 @dataclass(frozen=True)
@@ -165,19 +173,21 @@ def ports_free() -> bool:
     return True
 
 
-def wait_ready(deadline_s: float, proc: subprocess.Popen[bytes] | None) -> bool:
-    """Poll `/v2/health/ready` until it answers 200, the server exits, or the deadline passes."""
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
+def wait_ready(timeout_s: float, proc: subprocess.Popen[bytes] | None) -> bool:
+    """Poll `/v2/health/ready` until it answers 200, the server exits, or `timeout_s` passes."""
+    deadline_s = time.monotonic() + timeout_s
+    while time.monotonic() < deadline_s:
         if proc is not None and proc.poll() is not None:
             return False
         try:
-            with urllib.request.urlopen("http://127.0.0.1:8000/v2/health/ready", timeout=2) as r:
+            with urllib.request.urlopen(
+                "http://127.0.0.1:8000/v2/health/ready", timeout=READY_QUERY_TIMEOUT_S
+            ) as r:
                 if r.status == 200:
                     return True
         except OSError:
             pass
-        time.sleep(0.5)
+        time.sleep(POLL_S)
     return False
 
 
@@ -225,15 +235,15 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM the server's process group, then SIGKILL it if it lingers."""
     try:
         os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
+        proc.wait(timeout=STOP_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     except ProcessLookupError:
         pass
-    end = time.monotonic() + 30
-    while not ports_free() and time.monotonic() < end:
-        time.sleep(0.5)
+    deadline_s = time.monotonic() + PORTS_FREE_TIMEOUT_S
+    while not ports_free() and time.monotonic() < deadline_s:
+        time.sleep(POLL_S)
 
 
 def run_example(program: Path, timeout_s: float) -> tuple[str, str]:
@@ -276,7 +286,7 @@ def run_suite(
             log = logs / f"{server}-{Path(batch[0][1].path).stem if explicit else 'default'}.log"
             proc = start_server(server, repos[explicit], bool(explicit), log)
         try:
-            if not wait_ready(180, proc):
+            if not wait_ready(READY_TIMEOUT_S, proc):
                 for _, ex in batch:
                     results[ex.path] = ("FAIL", "server never became ready")
                 continue

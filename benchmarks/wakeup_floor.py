@@ -29,6 +29,8 @@ from sluice.embedded_redis import EmbeddedRedis
 
 ROUNDS = 400
 IDLE_GAP_S = 0.003
+#: how long the reader's XREAD blocks for the next entry.
+BLOCK_MS = 1000
 #: direct wakes and Redis hops on a request's path at c=1 (see above).
 DIRECT_WAKES = 4
 REDIS_HOPS = 2
@@ -46,29 +48,29 @@ def pipe_round_trip_us(cpu_a: int, cpu_b: int) -> float:
             os.write(from_child, b"x")
         os._exit(0)
     os.sched_setaffinity(0, {cpu_a})
-    samples = []
+    samples_us = []
     for _ in range(ROUNDS):
         time.sleep(IDLE_GAP_S)
-        start = time.perf_counter_ns()
+        start_ns = time.perf_counter_ns()
         os.write(from_parent, b"x")
         os.read(to_parent, 1)
-        samples.append((time.perf_counter_ns() - start) / 1e3)
+        samples_us.append((time.perf_counter_ns() - start_ns) / 1e3)
     os.waitpid(pid, 0)
     os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
-    return statistics.median(samples)
+    return statistics.median(samples_us)
 
 
 def _blocked_reader(url: str) -> None:
     client = redis.Redis.from_url(url)
-    last, samples = b"$", []
-    while len(samples) < ROUNDS:
-        reply = client.xread({"floor": last}, block=1000, count=16)
-        now = time.time_ns()
+    last, samples_us = b"$", []
+    while len(samples_us) < ROUNDS:
+        reply = client.xread({"floor": last}, block=BLOCK_MS, count=16)
+        now_ns = time.time_ns()
         for _stream, entries in reply or ():
             for entry_id, fields in entries:
                 last = entry_id
-                samples.append((now - int(fields[b"t"])) / 1e3)
-    print(statistics.median(samples))
+                samples_us.append((now_ns - int(fields[b"t"])) / 1e3)
+    print(statistics.median(samples_us))
 
 
 def xadd_to_blocked_xread_us(url: str) -> float:
@@ -86,19 +88,21 @@ def xadd_to_blocked_xread_us(url: str) -> float:
 
 
 def main() -> None:
-    same = pipe_round_trip_us(0, 0)
-    print(f"pipe round trip, both on CPU 0: {same:.0f} µs ({same / 2:.0f} µs per wake)")
-    cross = same
+    same_us = pipe_round_trip_us(0, 0)
+    print(f"pipe round trip, both on CPU 0: {same_us:.0f} µs ({same_us / 2:.0f} µs per wake)")
+    cross_us = same_us
     if (os.cpu_count() or 1) > 1:
-        cross = pipe_round_trip_us(0, 1)
-        print(f"pipe round trip, CPU 0 <-> CPU 1: {cross:.0f} µs ({cross / 2:.0f} µs per wake)")
+        cross_us = pipe_round_trip_us(0, 1)
+        print(
+            f"pipe round trip, CPU 0 <-> CPU 1: {cross_us:.0f} µs ({cross_us / 2:.0f} µs per wake)"
+        )
     with EmbeddedRedis() as server:
-        hop = xadd_to_blocked_xread_us(server.url)
-    print(f"Redis hop: XADD -> a blocked XREAD returns in another process: {hop:.0f} µs")
-    floor_us = DIRECT_WAKES * cross / 2 + REDIS_HOPS * hop
+        hop_us = xadd_to_blocked_xread_us(server.url)
+    print(f"Redis hop: XADD -> a blocked XREAD returns in another process: {hop_us:.0f} µs")
+    floor_us = DIRECT_WAKES * cross_us / 2 + REDIS_HOPS * hop_us
     print(
-        f"floor at c=1 beyond model time: {DIRECT_WAKES} wakes x {cross / 2:.0f} µs + "
-        f"{REDIS_HOPS} Redis hops x {hop:.0f} µs = {floor_us / 1e3:.2f} ms"
+        f"floor at c=1 beyond model time: {DIRECT_WAKES} wakes x {cross_us / 2:.0f} µs + "
+        f"{REDIS_HOPS} Redis hops x {hop_us:.0f} µs = {floor_us / 1e3:.2f} ms"
     )
 
 

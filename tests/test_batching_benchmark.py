@@ -23,8 +23,8 @@ def test_every_rate_sends_the_same_requests_in_the_same_order() -> None:
 
 def test_arrivals_and_lengths_keep_to_the_plan() -> None:
     load = bench.plan(200.0, 50.0, 512)
-    times = [p.at for p in load]
-    assert times == sorted(times) and times[0] >= 0 and times[-1] < 50.0
+    times_s = [p.at_s for p in load]
+    assert times_s == sorted(times_s) and times_s[0] >= 0 and times_s[-1] < 50.0
     assert len(load) == pytest.approx(200 * 50, rel=0.05)
     lengths = np.array([p.tokens for p in load])
     assert lengths.min() >= 1 and lengths.max() == 512
@@ -32,8 +32,10 @@ def test_arrivals_and_lengths_keep_to_the_plan() -> None:
     assert lengths.mean() == pytest.approx(128 * (1 - np.exp(-4)) + 0.5, rel=0.05)
 
 
-def _record(at: float, tokens: int, sent: float, arrivals: list[float], done: bool) -> bench.Record:
-    return bench.Record(bench.Planned(at, "def ", tokens), sent, arrivals, done)
+def _record(
+    at_s: float, tokens: int, sent_s: float, arrivals_s: list[float], done: bool
+) -> bench.Record:
+    return bench.Record(bench.Planned(at_s, "def ", tokens), sent_s, arrivals_s, done)
 
 
 def test_figures_count_the_window_and_censor_waits() -> None:
@@ -42,7 +44,7 @@ def test_figures_count_the_window_and_censor_waits() -> None:
         _record(1.0, 4, 101.0, [101.5, 102.0], True),  # ended short
         _record(2.0, 5, 102.0, [], False),  # never started: waits until the end
     ]
-    run = bench.Run(records, start=100.0, seconds=4.0, end=106.0)
+    run = bench.Run(records, start_s=100.0, window_s=4.0, end_s=106.0)
     figures = run.figures()
     assert figures["requests"] == 3
     assert figures["completed"] == 1
@@ -50,9 +52,9 @@ def test_figures_count_the_window_and_censor_waits() -> None:
     assert figures["offered_tokens_per_s"] == pytest.approx(12 / 4.0)
     # the window is [start + 1, start + 4): the tokens at 101.0, 101.5, 102.0 and 103.0
     assert figures["tokens_per_s"] == pytest.approx(4 / 3.0)
-    ttft = np.array([0.5, 0.5, 4.0])
+    ttft_s = np.array([0.5, 0.5, 4.0])
     assert figures["ttft_p50_ms"] == pytest.approx(500.0)
-    assert figures["ttft_p99_ms"] == pytest.approx(np.percentile(ttft, 99) * 1e3)
+    assert figures["ttft_p99_ms"] == pytest.approx(np.percentile(ttft_s, 99) * 1e3)
     assert figures["itl_p50_ms"] == pytest.approx(500.0)  # 0.5, 2.0 and 0.5 s
 
 
