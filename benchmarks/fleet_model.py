@@ -94,12 +94,12 @@ class Service:
     a_s: float
     c_s: float
 
-    def time(self, batch: int) -> float:
+    def time_s(self, batch: int) -> float:
         return self.a_s + self.c_s * batch
 
     def capacity(self, max_batch: int) -> float:
         """Inferences/s of one worker that always runs full batches."""
-        return max_batch / self.time(max_batch)
+        return max_batch / self.time_s(max_batch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +133,7 @@ class Outcome:
     (empty: one partition).
     """
 
-    done: np.ndarray
+    done_s: np.ndarray
     sizes: list[int]
     draws: list[int] = field(default_factory=list)
     entries: list[int] = field(default_factory=list)
@@ -158,80 +158,80 @@ class PullWorker:
     reading: list[bool]
     held: deque[int] = field(default_factory=deque)
     busy: bool = False
-    armed_at: float = -1.0
+    armed_at_s: float = -1.0
 
 
-def poisson_arrivals(rate: float, count: int, seed: int) -> np.ndarray:
+def poisson_arrivals_s(rate: float, count: int, seed: int) -> np.ndarray:
     return np.cumsum(np.random.default_rng(seed).exponential(1 / rate, count))
 
 
 def central_batcher(
-    arrivals: Sequence[float], instances: int, batching: Batching, service: Service
+    arrivals_s: Sequence[float], instances: int, batching: Batching, service: Service
 ) -> Outcome:
     """One FIFO queue and its dynamic batcher feeding `instances` identical instances.
 
     Jumps from decision to decision (an instance frees, the queue reaches max_batch, the
     oldest request's delay runs out), so its cost is per batch, not per request.
     """
-    n, size_cap, delay = len(arrivals), batching.max_batch, batching.delay_s
-    done, sizes = np.empty(n), []
-    running: list[float] = []
-    free, head, now = instances, 0, arrivals[0] if n else 0.0
+    n, size_cap, delay_s = len(arrivals_s), batching.max_batch, batching.delay_s
+    done_s, sizes = np.empty(n), []
+    running_s: list[float] = []
+    free, head, now_s = instances, 0, arrivals_s[0] if n else 0.0
     while head < n:
-        while running and running[0] <= now:
-            heapq.heappop(running)
+        while running_s and running_s[0] <= now_s:
+            heapq.heappop(running_s)
             free += 1
-        arrived = bisect.bisect_right(arrivals, now, lo=head)
+        arrived = bisect.bisect_right(arrivals_s, now_s, lo=head)
         while (
             free
             and head < arrived
-            and (arrived - head >= size_cap or now >= arrivals[head] + delay)
+            and (arrived - head >= size_cap or now_s >= arrivals_s[head] + delay_s)
         ):
             size = min(size_cap, arrived - head)
-            end = now + service.time(size)
-            done[head : head + size] = end
+            end_s = now_s + service.time_s(size)
+            done_s[head : head + size] = end_s
             head += size
             free -= 1
             sizes.append(size)
-            heapq.heappush(running, end)
-        now = _next_decision(arrivals, head, arrived, free, running, batching)
-    return Outcome(done, sizes)
+            heapq.heappush(running_s, end_s)
+        now_s = _next_decision_s(arrivals_s, head, arrived, free, running_s, batching)
+    return Outcome(done_s, sizes)
 
 
-def _next_decision(
-    arrivals: Sequence[float],
+def _next_decision_s(
+    arrivals_s: Sequence[float],
     head: int,
     arrived: int,
     free: int,
-    running: list[float],
+    running_s: list[float],
     batching: Batching,
 ) -> float:
-    soonest = running[0] if running else math.inf
+    soonest_s = running_s[0] if running_s else math.inf
     if not free:
-        return soonest
+        return soonest_s
     if head < arrived:
         fills = head + batching.max_batch - 1
-        full_at = arrivals[fills] if fills < len(arrivals) else math.inf
-        return min(soonest, arrivals[head] + batching.delay_s, full_at)
-    return min(soonest, arrivals[arrived]) if arrived < len(arrivals) else soonest
+        full_at_s = arrivals_s[fills] if fills < len(arrivals_s) else math.inf
+        return min(soonest_s, arrivals_s[head] + batching.delay_s, full_at_s)
+    return min(soonest_s, arrivals_s[arrived]) if arrived < len(arrivals_s) else soonest_s
 
 
 def shared_queue(
-    arrivals: Sequence[float], workers: int, batching: Batching, service: Service
+    arrivals_s: Sequence[float], workers: int, batching: Batching, service: Service
 ) -> Outcome:
-    return central_batcher(arrivals, workers, batching, service)
+    return central_batcher(arrivals_s, workers, batching, service)
 
 
 def round_robin(
-    arrivals: Sequence[float], workers: int, batching: Batching, service: Service
+    arrivals_s: Sequence[float], workers: int, batching: Batching, service: Service
 ) -> Outcome:
     """Request i to server i mod workers; the servers never see each other's queues."""
-    done, sizes = np.empty(len(arrivals)), []
+    done_s, sizes = np.empty(len(arrivals_s)), []
     for k in range(workers):
-        part = central_batcher(arrivals[k::workers], 1, batching, service)
-        done[k::workers] = part.done
+        part = central_batcher(arrivals_s[k::workers], 1, batching, service)
+        done_s[k::workers] = part.done_s
         sizes += part.sizes
-    return Outcome(done, sizes)
+    return Outcome(done_s, sizes)
 
 
 class PullFleet:
@@ -245,14 +245,14 @@ class PullFleet:
 
     def __init__(
         self,
-        arrivals: Sequence[float],
+        arrivals_s: Sequence[float],
         workers: int,
         batching: Batching,
         service: Service,
         partitions: int = 1,
         reads: int = 0,
     ) -> None:
-        self.arrivals, self.batching, self.service = arrivals, batching, service
+        self.arrivals_s, self.batching, self.service = arrivals_s, batching, service
         self.every = range(partitions)
         #: the partitions each worker reads: all, or `reads` in a row from its place in the fleet
         self.own = [
@@ -266,10 +266,10 @@ class PullFleet:
         self.streams: list[deque[int]] = [deque() for _ in self.every]  # entries no reader took
         self.backlog = 0
         self.turn = itertools.count()
-        self.partition = [0] * len(arrivals)
+        self.partition = [0] * len(arrivals_s)
         self.events: list[tuple[float, int, int, int]] = []
         self.seq = itertools.count()
-        self.done = np.empty(len(arrivals))
+        self.done_s = np.empty(len(arrivals_s))
         self.sizes: list[int] = []
         self.draws = [0] * partitions
         self.entries = [0] * partitions
@@ -277,18 +277,18 @@ class PullFleet:
     def run(self) -> Outcome:
         for w in range(len(self.workers)):
             self._read(w, self.own[w])
-        i, n = 0, len(self.arrivals)
+        i, n = 0, len(self.arrivals_s)
         while i < n or self.events:
-            if self.events and (i >= n or self.events[0][0] <= self.arrivals[i]):
-                at, _, kind, w = heapq.heappop(self.events)
+            if self.events and (i >= n or self.events[0][0] <= self.arrivals_s[i]):
+                at_s, _, kind, w = heapq.heappop(self.events)
                 if kind == DONE:
                     self._finished(w)
                 self._read(w, self.own[w])
-                self._decide(w, at)
+                self._decide(w, at_s)
             else:
                 self._arrive(i)
                 i += 1
-        return Outcome(self.done, self.sizes, self.draws, self.entries)
+        return Outcome(self.done_s, self.sizes, self.draws, self.entries)
 
     def _deal(self) -> int:
         """The gateway's turn, passing over a partition a full batch deeper than the others."""
@@ -312,7 +312,7 @@ class PullFleet:
         self.workers[w].reading[p] = False
         self.workers[w].held.append(i)
         self._read(w, (p,))
-        self._decide(w, self.arrivals[i])
+        self._decide(w, self.arrivals_s[i])
 
     def _finished(self, w: int) -> None:
         """A batch ended: take what queued meanwhile, each partition its share of the room
@@ -339,33 +339,35 @@ class PullFleet:
                 worker.reading[p] = True
                 self.readers[p].append(w)
 
-    def _decide(self, w: int, now: float) -> None:
+    def _decide(self, w: int, now_s: float) -> None:
         worker = self.workers[w]
         if worker.busy or not worker.held:
             return
-        oldest = self.arrivals[worker.held[0]]
-        if len(worker.held) < self.batching.max_batch and now < oldest + self.batching.delay_s:
-            due = oldest + self.batching.delay_s
-            if worker.armed_at != due:
-                worker.armed_at = due
-                heapq.heappush(self.events, (due, next(self.seq), TIMER, w))
+        oldest_s = self.arrivals_s[worker.held[0]]
+        if len(worker.held) < self.batching.max_batch and now_s < oldest_s + self.batching.delay_s:
+            due_s = oldest_s + self.batching.delay_s
+            if worker.armed_at_s != due_s:
+                worker.armed_at_s = due_s
+                heapq.heappush(self.events, (due_s, next(self.seq), TIMER, w))
             return
         size = min(self.batching.max_batch, len(worker.held))
-        end = now + self.service.time(size)
+        end_s = now_s + self.service.time_s(size)
         drawn = set()
         for _ in range(size):
             i = worker.held.popleft()
-            self.done[i] = end
+            self.done_s[i] = end_s
             drawn.add(self.partition[i])
         for p in drawn:
             self.draws[p] += 1
         worker.busy = True
         self.sizes.append(size)
-        heapq.heappush(self.events, (end, next(self.seq), DONE, w))
+        heapq.heappush(self.events, (end_s, next(self.seq), DONE, w))
 
 
-def pull(arrivals: Sequence[float], workers: int, batching: Batching, service: Service) -> Outcome:
-    return PullFleet(arrivals, workers, batching, service).run()
+def pull(
+    arrivals_s: Sequence[float], workers: int, batching: Batching, service: Service
+) -> Outcome:
+    return PullFleet(arrivals_s, workers, batching, service).run()
 
 
 Policy = Callable[[Sequence[float], int, Batching, Service], Outcome]
@@ -384,10 +386,10 @@ def simulate(
 ) -> SimResult:
     """One scenario; the same seed gives every policy the same arrival stream."""
     rate = load * workers * service.capacity(batching.max_batch)
-    arrivals = poisson_arrivals(rate, requests, seed)
-    outcome = POLICIES[policy](arrivals.tolist(), workers, batching, service)
+    arrivals_s = poisson_arrivals_s(rate, requests, seed)
+    outcome = POLICIES[policy](arrivals_s.tolist(), workers, batching, service)
     skip, keep = int(requests * WARMUP_FRACTION), int(requests * (1 - COOLDOWN_FRACTION))
-    latency_ms = (outcome.done - arrivals)[skip:keep] * 1e3
+    latency_ms = (outcome.done_s - arrivals_s)[skip:keep] * 1e3
     return SimResult(
         policy=policy,
         workers=workers,

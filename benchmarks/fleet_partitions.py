@@ -24,7 +24,7 @@ from fleet_model import (
     PullFleet,
     RedisCost,
     Service,
-    poisson_arrivals,
+    poisson_arrivals_s,
 )
 
 #: the partition sweep's cluster sizes and fleets (partitions = shards, and some beyond)
@@ -60,7 +60,7 @@ class PartitionResult:
     redis_bound: bool
 
 
-def shard_cores(outcome: Outcome, seconds: float, cost: RedisCost, shards: int) -> np.ndarray:
+def shard_cores(outcome: Outcome, span_s: float, cost: RedisCost, shards: int) -> np.ndarray:
     """Redis cores each shard spends on one model's traffic, partition p on shard p mod shards.
 
     A batch pays its read and ack on each partition it drew from, its request entries where
@@ -78,7 +78,7 @@ def shard_cores(outcome: Outcome, seconds: float, cost: RedisCost, shards: int) 
     np.add.at(cores, np.arange(len(draws)) % shards, model_us)
     reply_share = 1 - cost.model_slot_share
     cores += reply_share * (cost.us_per_batch * batches + cost.us_per_request * requests) / shards
-    return cores / seconds / 1e6
+    return cores / span_s / 1e6
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,13 +105,13 @@ def hot_model(
     at which its busiest shard reaches one core if that is lower."""
     rate = load * cluster.workers * service.capacity(batching.max_batch)
     requests = max(20_000, per_worker * cluster.workers)
-    arrivals = poisson_arrivals(rate, requests, seed)
+    arrivals_s = poisson_arrivals_s(rate, requests, seed)
     outcome = PullFleet(
-        arrivals.tolist(), cluster.workers, batching, service, cluster.partitions, cluster.reads
+        arrivals_s.tolist(), cluster.workers, batching, service, cluster.partitions, cluster.reads
     ).run()
-    cores = shard_cores(outcome, float(arrivals[-1] - arrivals[0]), cost, cluster.shards)
+    cores = shard_cores(outcome, float(arrivals_s[-1] - arrivals_s[0]), cost, cluster.shards)
     skip, keep = int(requests * WARMUP_FRACTION), int(requests * (1 - COOLDOWN_FRACTION))
-    latency_ms = (outcome.done - arrivals)[skip:keep] * 1e3
+    latency_ms = (outcome.done_s - arrivals_s)[skip:keep] * 1e3
     busiest, batches = float(cores.max()), len(outcome.sizes)
     return PartitionResult(
         shards=cluster.shards,

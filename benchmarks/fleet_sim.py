@@ -256,7 +256,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    started = time.monotonic()
+    started_s = time.monotonic()
     service, cost = calibration(args.calibration)
     flat = Service(FLAT_SERVICE_MS[0] / 1e3, FLAT_SERVICE_MS[1] / 1e3)
     batching = Batching()
@@ -270,7 +270,7 @@ def main() -> None:
     )
     if args.partitions_sweep:
         run_partitions_sweep(args, batching, service, cost)
-        print(f"\ntook {time.monotonic() - started:.0f} s")
+        print(f"\ntook {time.monotonic() - started_s:.0f} s")
         return
     workers = [int(w) for w in args.workers.split(",")]
     loads = [float(x) for x in args.loads.split(",")]
@@ -299,7 +299,7 @@ def main() -> None:
     print("\nworkers at 80 % load before the busiest shard reaches one core (batch at 64 workers):")
     print(shard_table(cost, at_64, 0.8 * worker_rate))
     write_plot(args.plot, curves, fleet, cost, worker_rate)
-    print(f"\nwrote {args.plot}; took {time.monotonic() - started:.0f} s")
+    print(f"\nwrote {args.plot}; took {time.monotonic() - started_s:.0f} s")
     if args.json:
         write_json(
             args.json,

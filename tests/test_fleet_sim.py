@@ -26,13 +26,13 @@ REQUESTS = 20_000
 def test_every_request_runs_once_in_a_batch_within_limits(
     policy: str, service: fleet_model.Service
 ) -> None:
-    arrivals = fleet_model.poisson_arrivals(8 * 0.9 * service.capacity(64), REQUESTS, seed=3)
-    outcome = fleet_model.POLICIES[policy](arrivals.tolist(), 8, BATCHING, service)
+    arrivals_s = fleet_model.poisson_arrivals_s(8 * 0.9 * service.capacity(64), REQUESTS, seed=3)
+    outcome = fleet_model.POLICIES[policy](arrivals_s.tolist(), 8, BATCHING, service)
     assert sum(outcome.sizes) == REQUESTS
     assert min(outcome.sizes) >= 1
     assert max(outcome.sizes) <= BATCHING.max_batch
     # no request finishes sooner than the smallest batch could run it
-    assert np.all(outcome.done - arrivals >= service.time(1) - 1e-12)
+    assert np.all(outcome.done_s - arrivals_s >= service.time_s(1) - 1e-12)
 
 
 def test_shared_queue_beats_round_robin_when_batching_is_nearly_free() -> None:
@@ -65,9 +65,9 @@ def test_shards_raise_the_limit_except_for_one_hot_model() -> None:
 
 def _partitioned(partitions: int, reads: int = 0) -> tuple[fleet_model.Outcome, float]:
     """16 workers at 80 % load, seeded: the outcome and the seconds its arrivals span."""
-    arrivals = fleet_model.poisson_arrivals(16 * 0.8 * MEASURED.capacity(64), REQUESTS, seed=5)
-    fleet = fleet_model.PullFleet(arrivals.tolist(), 16, BATCHING, MEASURED, partitions, reads)
-    return fleet.run(), float(arrivals[-1] - arrivals[0])
+    arrivals_s = fleet_model.poisson_arrivals_s(16 * 0.8 * MEASURED.capacity(64), REQUESTS, seed=5)
+    fleet = fleet_model.PullFleet(arrivals_s.tolist(), 16, BATCHING, MEASURED, partitions, reads)
+    return fleet.run(), float(arrivals_s[-1] - arrivals_s[0])
 
 
 def test_partitions_run_every_request_once_and_share_them_evenly() -> None:
@@ -81,17 +81,17 @@ def test_partitions_run_every_request_once_and_share_them_evenly() -> None:
 
 
 def test_partitions_spread_redis_cost_over_shards() -> None:
-    outcome, seconds = _partitioned(4)
-    spread = fleet_partitions.shard_cores(outcome, seconds, COST, shards=4)
+    outcome, span_s = _partitioned(4)
+    spread = fleet_partitions.shard_cores(outcome, span_s, COST, shards=4)
     assert spread.max() / spread.mean() < 1.05
-    one, seconds = _partitioned(1)
-    hot = fleet_partitions.shard_cores(one, seconds, COST, shards=4)
+    one, span_s = _partitioned(1)
+    hot = fleet_partitions.shard_cores(one, span_s, COST, shards=4)
     # one partition: the model's keys on shard 0, only the reply streams' part elsewhere
     share = COST.model_slot_share + (1 - COST.model_slot_share) / 4
     assert hot[0] / hot.sum() == pytest.approx(share)
     assert hot[1] == pytest.approx(hot[2]) == pytest.approx(hot[3])
     # and the same traffic on one shard costs what the unpartitioned model does
-    assert fleet_partitions.shard_cores(one, seconds, COST, shards=1)[0] == pytest.approx(hot.sum())
+    assert fleet_partitions.shard_cores(one, span_s, COST, shards=1)[0] == pytest.approx(hot.sum())
 
 
 def test_reading_fewer_partitions_draws_fewer_per_batch() -> None:
