@@ -61,6 +61,13 @@ MODELS = {
 BATCHES = (1, 64)
 LEVELS = (1, 64)
 #: 3 s windows, stable within 50 % over up to 8: a shared 2-core machine rarely settles to 10 %
+#: how long a readiness or statistics query may take.
+READY_TIMEOUT_S = 2
+STATS_TIMEOUT_S = 10
+#: how often a starting server is asked again whether it is ready.
+READY_POLL_S = 0.5
+#: the longest one load run (perf_analyzer's or sluice bench's) may take.
+RUN_TIMEOUT_S = 600
 PA_WINDOW = ["-p", "3000", "-s", "50", "-r", "8"]
 
 Infer = Callable[[dict[str, Any]], dict[str, Any]]
@@ -78,7 +85,7 @@ def load(model: str) -> Infer | str:
         return str(exc)
 
 
-def model_bound(trials: int, seconds: float) -> dict[tuple[str, int], float | str]:
+def model_bound(trials: int, trial_s: float) -> dict[tuple[str, int], float | str]:
     """Rows per second of each model alone, per batch size (median of the trials)."""
     torch.set_num_threads(1)
     loaded = {model: load(model) for model in MODELS}
@@ -92,11 +99,11 @@ def model_bound(trials: int, seconds: float) -> dict[tuple[str, int], float | st
                     infer(inputs)
             for _ in range(trials):
                 for model, infer in runnable.items():
-                    calls, start = 0, time.perf_counter()
-                    while time.perf_counter() - start < seconds:
+                    calls, start_s = 0, time.perf_counter()
+                    while time.perf_counter() - start_s < trial_s:
                         infer(inputs)
                         calls += 1
-                    rates[(model, batch)].append(calls * batch / (time.perf_counter() - start))
+                    rates[(model, batch)].append(calls * batch / (time.perf_counter() - start_s))
     out: dict[tuple[str, int], float | str] = {
         key: statistics.median(values) for key, values in rates.items()
     }
@@ -115,22 +122,26 @@ def repository(models: list[str]) -> Path:
 
 
 def model_stats(url: str, model: str) -> tuple[int, int]:
-    with urllib.request.urlopen(f"http://{url}/v2/models/{model}/stats", timeout=10) as r:
+    with urllib.request.urlopen(
+        f"http://{url}/v2/models/{model}/stats", timeout=STATS_TIMEOUT_S
+    ) as r:
         stats = json.load(r)["model_stats"][0]
     return stats["inference_count"], stats["execution_count"]
 
 
 def wait_ready(url: str, models: list[str], timeout_s: float = 180) -> None:
-    deadline = time.monotonic() + timeout_s
+    deadline_s = time.monotonic() + timeout_s
     for model in models:
         while True:
             try:
-                with urllib.request.urlopen(f"http://{url}/v2/models/{model}/ready", timeout=2):
+                with urllib.request.urlopen(
+                    f"http://{url}/v2/models/{model}/ready", timeout=READY_TIMEOUT_S
+                ):
                     break
             except OSError:
-                if time.monotonic() > deadline:
+                if time.monotonic() > deadline_s:
                     raise RuntimeError(f"{model} did not become ready on {url}") from None
-                time.sleep(0.5)
+                time.sleep(READY_POLL_S)
 
 
 def load_once(url: str, model: str, level: int) -> dict[str, float | str]:
@@ -145,7 +156,7 @@ def load_once(url: str, model: str, level: int) -> dict[str, float | str]:
             env=pa[1],
             capture_output=True,
             text=True,
-            timeout=600,
+            timeout=RUN_TIMEOUT_S,
         )
         if run.returncode != 0 or not (folder / "pa.csv").exists():
             lines = (run.stdout + run.stderr).strip().splitlines()
@@ -160,7 +171,7 @@ def load_once(url: str, model: str, level: int) -> dict[str, float | str]:
     else:
         command = [sys.executable, "-m", "sluice", "bench", "--url", url, "--model", model]
         command += ["--concurrency", str(level), "--json-out", str(folder / "bench.json")]
-        subprocess.run(command, check=True, capture_output=True, timeout=600)
+        subprocess.run(command, check=True, capture_output=True, timeout=RUN_TIMEOUT_S)
         result = json.loads((folder / "bench.json").read_text())["levels"][0]["result"]
         if result["latency"] is None:
             return {"error": str(result["error_kinds"] or "no request succeeded")}
@@ -233,10 +244,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2, help="served rounds (median)")
     parser.add_argument("--trials", type=int, default=3, help="model-bound trials (median)")
-    parser.add_argument("--seconds", type=float, default=1.0, help="per model-bound trial")
+    parser.add_argument(
+        "--seconds", dest="trial_s", type=float, default=1.0, help="per model-bound trial"
+    )
     parser.add_argument("--port", type=int, default=18900)
     args = parser.parse_args()
-    alone = model_bound(args.trials, args.seconds)
+    alone = model_bound(args.trials, args.trial_s)
     for (model, batch), value in alone.items():
         print(f"alone {model} b={batch}: {value}", flush=True)
     models = [m for m in MODELS if not isinstance(alone[(m, BATCHES[0])], str)]

@@ -35,6 +35,8 @@ from sluice.workers.stage_ahead import StageAhead
 TOLERANCE = 1e-4
 BATCHES = 4
 SERVED_ROWS = 4
+#: how long one served inference may take.
+INFER_TIMEOUT_S = 60
 
 
 def batch_path_errors(
@@ -87,7 +89,7 @@ def served_error(url: str, model: str, model_dir: Path, width: int, device: torc
         data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json"},
     )
-    with urllib.request.urlopen(request, timeout=60) as response:
+    with urllib.request.urlopen(request, timeout=INFER_TIMEOUT_S) as response:
         (output,) = json.loads(response.read())["outputs"]
     answer = np.asarray(output["data"], dtype=np.float32).reshape(output["shape"])
     spec = load_model_config(model_dir)

@@ -70,6 +70,8 @@ BENCH_ENV = {"SLUICE_BENCH_WINDOW_MS": "2000", "SLUICE_BENCH_MAX_TRIALS": "6"}
 DRY_BENCH_ENV = {"SLUICE_BENCH_WINDOW_MS": "1000", "SLUICE_BENCH_MAX_TRIALS": "3"}
 #: NVML's utilisation covers the last 1/6 s to 1 s: read a few times a second.
 SAMPLE_S = 0.2
+#: how long each model-alone and worker-path figure is measured with --cpu-dry-run.
+DRY_MEASURE_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +128,7 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def alone(model_dir: Path, width: int, device: torch.device, seconds: float) -> float:
+def alone(model_dir: Path, width: int, device: torch.device, measure_s: float) -> float:
     """Rows per second of the model's forward at batch 64, its inputs on the device."""
     spec = load_model_config(model_dir)
     infer = load_function(spec, model_dir, 1, device, 0)
@@ -135,13 +137,13 @@ def alone(model_dir: Path, width: int, device: torch.device, seconds: float) -> 
         for _ in range(10):
             infer(inputs)
         synchronize(device)
-        calls, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
+        calls, start_s = 0, time.perf_counter()
+        while time.perf_counter() - start_s < measure_s:
             for _ in range(10):
                 infer(inputs)
             synchronize(device)
             calls += 10
-    return calls * BATCH / (time.perf_counter() - start)
+    return calls * BATCH / (time.perf_counter() - start_s)
 
 
 def _batch_path(model_dir: Path, width: int, device: torch.device) -> tuple[Any, ...]:
@@ -150,21 +152,21 @@ def _batch_path(model_dir: Path, width: int, device: torch.device) -> tuple[Any,
     return spec, stacked, staging, one_row_requests("", torch.randn(1, width).expand(BATCH, -1))
 
 
-def worker_path(model_dir: Path, width: int, device: torch.device, seconds: float) -> float:
+def worker_path(model_dir: Path, width: int, device: torch.device, measure_s: float) -> float:
     """Rows per second of the worker's batch path (stack, copy in, run, copy out, cut) on 64
     one-row requests, through an instance's staging on a GPU."""
     _, stacked, staging, requests = _batch_path(model_dir, width, device)
     batch = Batch(requests, [1] * BATCH, staging=staging)
     for _ in range(10):
         stacked.run(batch)
-    batches, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
+    batches, start_s = 0, time.perf_counter()
+    while time.perf_counter() - start_s < measure_s:
         stacked.run(batch)
         batches += 1
-    return batches * BATCH / (time.perf_counter() - start)
+    return batches * BATCH / (time.perf_counter() - start_s)
 
 
-def staged_path(model_dir: Path, width: int, device: torch.device, seconds: float) -> float:
+def staged_path(model_dir: Path, width: int, device: torch.device, measure_s: float) -> float:
     """The same path on one lane's thread, each next batch's inputs staged ahead on this
     thread while the lane runs the current one, as the batch loop does on a GPU."""
     spec, stacked, staging, requests = _batch_path(model_dir, width, device)
@@ -173,16 +175,16 @@ def staged_path(model_dir: Path, width: int, device: torch.device, seconds: floa
     def run(staged: Staged | None) -> object:
         return stacked.run(Batch(requests, sizes, staging=staging, staged=staged))
 
-    batches, start = 0, time.perf_counter()
+    batches, start_s = 0, time.perf_counter()
     with ThreadPoolExecutor(1) as lane:
         running = lane.submit(run, None)
-        while time.perf_counter() - start < seconds:
+        while time.perf_counter() - start_s < measure_s:
             ahead.stage(requests)
             running.result()
             running = lane.submit(run, ahead.take(requests))
             batches += 1
         running.result()
-    return (batches + 1) * BATCH / (time.perf_counter() - start)
+    return (batches + 1) * BATCH / (time.perf_counter() - start_s)
 
 
 def unless_it_fails(figure: Callable[..., float], *args: Any) -> float | None:
@@ -310,14 +312,16 @@ def table(figures: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu-dry-run", action="store_true", help="tiny, on the CPU")
-    parser.add_argument("--seconds", type=float, default=3.0, help="per model-alone figure")
+    parser.add_argument(
+        "--seconds", dest="measure_s", type=float, default=3.0, help="per model-alone figure"
+    )
     parser.add_argument("--out", type=Path, default=os.environ.get("OUT") or None)
     args = parser.parse_args()
-    started = time.monotonic()
+    started_s = time.monotonic()
     if args.cpu_dry_run:
-        device, wide, seconds = torch.device("cpu"), DRY_WIDE, 0.5
+        device, wide, measure_s = torch.device("cpu"), DRY_WIDE, DRY_MEASURE_S
     elif torch.cuda.is_available():
-        device, wide, seconds = torch.device("cuda", 0), WIDE, args.seconds
+        device, wide, measure_s = torch.device("cuda", 0), WIDE, args.measure_s
     else:
         raise SystemExit("no CUDA device: run on a machine with a GPU, or with --cpu-dry-run")
     os.environ.update(DRY_BENCH_ENV if args.cpu_dry_run else BENCH_ENV)
@@ -336,9 +340,9 @@ def main() -> None:
             figures["answers"][model] = errors
             print(f"{model} answers, relative to the model's: {errors}", flush=True)
             figures["models"][model] = {
-                "alone": alone(repo / model, width, device, seconds),
-                "worker_path": worker_path(repo / model, width, device, seconds),
-                "staged_path": unless_it_fails(staged_path, repo / model, width, device, seconds),
+                "alone": alone(repo / model, width, device, measure_s),
+                "worker_path": worker_path(repo / model, width, device, measure_s),
+                "staged_path": unless_it_fails(staged_path, repo / model, width, device, measure_s),
             }
             print(f"{model}: {figures['models'][model]}", flush=True)
         if device.type == "cuda":
@@ -351,7 +355,7 @@ def main() -> None:
                 gpus.close()
     finally:
         shutil.rmtree(repo.parent, ignore_errors=True)
-    figures["seconds"] = round(time.monotonic() - started, 1)
+    figures["seconds"] = round(time.monotonic() - started_s, 1)
     report = f"{figures['device']}, torch {figures['torch']}, {figures['seconds']} s\n\n"
     report += table(figures)
     print(report)
