@@ -20,6 +20,27 @@ from sluice.shared.transaction_policy import is_decoupled
 
 
 @dataclass(frozen=True, slots=True)
+class InstanceGroup:
+    """One `instance_group` entry, Triton's defaults filled in."""
+
+    name: str
+    #: KIND_AUTO, KIND_GPU, KIND_CPU or KIND_MODEL.
+    kind: str
+    count: int
+    #: the GPUs it lists (none: every visible one).
+    gpus: tuple[int, ...]
+
+    @classmethod
+    def from_json(cls, model: str, group: dict[str, Any]) -> InstanceGroup:
+        return cls(
+            name=str(group.get("name", model)),
+            kind=str(group.get("kind", "KIND_AUTO")),
+            count=int(group.get("count", 1)),
+            gpus=tuple(int(gpu) for gpu in group.get("gpus", [])),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class ConfigView:
     """The fields of a model's config that sluice reads, typed."""
 
@@ -40,6 +61,8 @@ class ConfigView:
     partitions: int
     #: the models an ensemble's steps name (none for any other model).
     ensemble_steps: tuple[str, ...]
+    #: where its instances run (workers/placement.py); one default group when it lists none.
+    instance_groups: tuple[InstanceGroup, ...]
     #: the config as Triton's JSON, as served back to clients.
     json: dict[str, Any]
 
@@ -69,5 +92,9 @@ class ConfigView:
             iterative_sequence=bool(sequencing.get("iterative_sequence", False)),
             partitions=config_partitions(config),
             ensemble_steps=tuple(composing_models(config)) if is_ensemble(config) else (),
+            instance_groups=tuple(
+                InstanceGroup.from_json(str(config.get("name", "")), group)
+                for group in config.get("instance_group") or [{}]
+            ),
             json=config,
         )

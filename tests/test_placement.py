@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from sluice.shared.config_view import ConfigView
 from sluice.shared.errors import ModelConfigError
 from sluice.shared.model_config import load_model_config
 from sluice.shared.repository import scan_model
@@ -20,15 +21,15 @@ def cuda(index: int) -> torch.device:
     return torch.device("cuda", index)
 
 
-def config(tmp_path: Path, groups: str, name: str = "m") -> dict[str, object]:
-    """A TorchScript model's config JSON, its groups' defaults filled in as a worker sees it."""
+def config(tmp_path: Path, groups: str, name: str = "m") -> ConfigView:
+    """A TorchScript model's config, its groups' defaults filled in as a worker sees it."""
     (tmp_path / name).mkdir()
     (tmp_path / name / "config.pbtxt").write_text(
         f'name: "{name}" backend: "pytorch" max_batch_size: 8\n'
         'input [ { name: "x" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
         'output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]\n' + groups
     )
-    return load_model_config(tmp_path / name).config_json
+    return load_model_config(tmp_path / name).config
 
 
 def test_a_gpu_group_places_count_instances_on_each_listed_gpu(tmp_path: Path) -> None:

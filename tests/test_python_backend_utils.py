@@ -17,6 +17,7 @@ import pytest
 import torch
 from sluice.gateway.core import _forwarded
 from sluice.gateway.model_table import ModelView
+from sluice.shared.config_view import ConfigView
 from sluice.shared.errors import error_from_code
 from sluice.shared.model_config import ModelSpec, load_model_config
 from sluice.shared.protocol import Request, Result, Tensor
@@ -473,7 +474,9 @@ def test_an_output_of_the_wrong_kind_is_refused_by_name() -> None:
 
 def test_the_gateway_forwards_custom_parameters_to_python_models_only() -> None:
     params = {"priority": 1, "custom": "x", "binary_data_output": True}
-    python = ModelView("p", {"backend": "python"}, None, [1])
-    torchscript = ModelView("t", {"backend": "pytorch"}, None, [1])
+    python = ModelView("p", ConfigView.from_json({"name": "p", "backend": "python"}), None, [1])
+    torchscript = ModelView(
+        "t", ConfigView.from_json({"name": "t", "backend": "pytorch"}), None, [1]
+    )
     assert _forwarded(python, params) == {"priority": 1, "custom": "x"}
     assert _forwarded(torchscript, params) == {"priority": 1}

@@ -15,9 +15,9 @@ from typing import Any
 from sluice.shared.errors import InvalidInput, SluiceError
 from sluice.shared.model_config import ModelSpec
 from sluice.shared.protocol import ProtocolError, Request, Result, decode_requests
-from sluice.shared.queue_policy import QueuePolicy, deadline_us
+from sluice.shared.queue_policy import deadline_us
 from sluice.shared.redis_wire import stream_entries
-from sluice.shared.signature import Signature, validate_inputs
+from sluice.shared.signature import validate_inputs
 from sluice.workers.answering import Answering
 from sluice.workers.batcher import Pending
 from sluice.workers.instances import Instances
@@ -45,8 +45,8 @@ class Admission:
         answering: Answering,
     ) -> None:
         self.spec = spec
-        self.signature = Signature.from_config(spec.config_json)
-        self.policy = QueuePolicy.from_config(spec.config_json)
+        self.signature = spec.config.signature
+        self.policy = spec.config.queue_policy
         #: stream name -> priority level.
         self.streams = streams
         self.instances = instances

@@ -53,12 +53,6 @@ DEFAULT_MAX_TOKENS = 256
 CANCELLED = "Request was cancelled: the client disconnected"
 
 
-def iterative(spec: ModelSpec) -> bool:
-    """`sequence_batching { iterative_sequence: true }`: served by in-flight batching."""
-    sequencing = spec.config_json.get("sequence_batching") or {}
-    return bool(sequencing.get("iterative_sequence", False))
-
-
 class GenerativeInstance:
     """A generative model as an instance lane holds it: the in-flight loop steps it
     (workers/inflight_loop.py), never a batch."""

@@ -17,9 +17,7 @@ import torch
 from sluice.shared import keys
 from sluice.shared.idle_poll import DEFAULT_WINDOW_US, IdlePoll
 from sluice.shared.model_config import ModelSpec
-from sluice.shared.queue_policy import QueuePolicy
 from sluice.shared.supervision import Supervisor
-from sluice.shared.transaction_policy import is_decoupled
 from sluice.workers.admission import Admission
 from sluice.workers.answering import Answering
 from sluice.workers.batch_loop import BatchLoop
@@ -70,7 +68,7 @@ class ModelQueue:
         self.consumer = consumer
         #: the blocking reads' own connection (closed by the worker).
         self.reader = reader
-        policy = QueuePolicy.from_config(spec.config_json)
+        policy = spec.config.queue_policy
         streams = {
             keys.request_stream(spec.name, lv, p): lv
             for p in range(spec.partitions)
@@ -86,7 +84,7 @@ class ModelQueue:
         capabilities = Capabilities.of_model(instances)
         #: a decoupled model's responses, where its instances answer each request themselves
         #: (None: one answer per request, with its batch).
-        decoupled = is_decoupled(spec.config_json) and capabilities.answers_each
+        decoupled = spec.config.decoupled and capabilities.answers_each
         self.responses = ResponseStream(publisher, spec) if decoupled else None
         self.instances = Instances(spec, instances, device, self.responses)
         self.answering = Answering(

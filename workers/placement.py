@@ -10,11 +10,11 @@ KIND_CPU and KIND_MODEL (placement left to the backend) run on the CPU here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
+from sluice.shared.config_view import ConfigView, InstanceGroup
 from sluice.shared.errors import ModelConfigError
 
 CPU = torch.device("cpu")
@@ -33,36 +33,31 @@ class Slot:
     device: torch.device
 
 
-def instance_slots(config: Mapping[str, Any], gpu_count: int) -> tuple[Slot, ...]:
-    """Every instance, in instance order, for a model config as Triton's JSON
-    (`ModelSpec.config_json`, its groups' defaults filled in)."""
-    model = config.get("name", "")
+def instance_slots(config: ConfigView, gpu_count: int) -> tuple[Slot, ...]:
+    """Every instance, in instance order."""
     slots: list[Slot] = []
-    for group in config.get("instance_group") or [{}]:
-        gpus = _group_gpus(model, group, gpu_count)
+    for group in config.instance_groups:
+        gpus = _group_gpus(config.name, group, gpu_count)
         devices = [CPU] if gpus is None else [torch.device("cuda", gpu) for gpu in gpus]
-        name, kind = group.get("name", model), group.get("kind", "KIND_AUTO")
-        for number in range(int(group.get("count", 1))):
-            slots.extend(Slot(name, kind, number, device) for device in devices)
+        for number in range(group.count):
+            slots.extend(Slot(group.name, group.kind, number, device) for device in devices)
     return tuple(slots)
 
 
-def instance_devices(config: Mapping[str, Any], gpu_count: int) -> tuple[torch.device, ...]:
+def instance_devices(config: ConfigView, gpu_count: int) -> tuple[torch.device, ...]:
     """One device per instance, in instance order."""
     return tuple(slot.device for slot in instance_slots(config, gpu_count))
 
 
-def _group_gpus(model: str, group: Mapping[str, Any], gpu_count: int) -> Sequence[int] | None:
+def _group_gpus(model: str, group: InstanceGroup, gpu_count: int) -> Sequence[int] | None:
     """The GPUs the group's instances go to, each `count` times (None: the CPU)."""
-    kind = group.get("kind", "KIND_AUTO")
-    listed = [int(gpu) for gpu in group.get("gpus", [])]
+    kind, listed, name = group.kind, group.gpus, group.name
     visible = range(gpu_count)
     if kind == "KIND_AUTO":
         usable = gpu_count > 0 and all(gpu in visible for gpu in listed)
         return (listed or visible) if usable else None
     if kind != "KIND_GPU":
         return None
-    name = group.get("name", model)
     if gpu_count == 0:
         raise ModelConfigError(
             f"instance group {name} of model {model} has kind KIND_GPU but no GPUs are available"

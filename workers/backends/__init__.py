@@ -86,7 +86,7 @@ def instance_devices(spec: ModelSpec) -> tuple[torch.device, ...]:
     backend = BACKENDS.get(spec.kind)
     if backend is not None and backend.host_inputs:
         return (torch.device("cpu"),) * spec.instance_count
-    return placement.instance_devices(spec.config_json, torch.cuda.device_count())
+    return placement.instance_devices(spec.config, torch.cuda.device_count())
 
 
 def choose_device(spec: ModelSpec) -> torch.device:

@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 import torch
+from sluice.shared.datatypes import wire_to_config
 from sluice.shared.errors import ModelConfigError
-from sluice.shared.model_config import ModelSpec
+from sluice.shared.model_config import ModelSpec, TensorSpec
 from sluice.workers.backends import complete_batching, newest_model_file
 from sluice.workers.stacked import TensorFunction
 from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig
@@ -226,7 +227,7 @@ def _check_inputs(spec: ModelSpec, graph: dict[str, Any], overridable: dict[str,
                 spec,
                 f"optional input '{io.name}' is not supported for models that support batching",
             )
-        _check_tensor(spec, "input", io.name, allowed[io.name])
+        _check_tensor(spec, "input", io, allowed[io.name])
 
 
 def _check_outputs(spec: ModelSpec, graph: dict[str, Any]) -> None:
@@ -237,12 +238,12 @@ def _check_outputs(spec: ModelSpec, graph: dict[str, Any]) -> None:
                 f"unexpected inference output '{io.name}', allowed outputs are: "
                 + ", ".join(sorted(graph))
             )
-        _check_tensor(spec, "output", io.name, graph[io.name])
+        _check_tensor(spec, "output", io, graph[io.name])
 
 
-def _check_tensor(spec: ModelSpec, label: str, name: str, tensor: Any) -> None:
-    entry = next(t for t in spec.config_json.get(label, []) if t["name"] == name)
-    expected = entry.get("data_type", "TYPE_INVALID")
+def _check_tensor(spec: ModelSpec, label: str, io: TensorSpec, tensor: Any) -> None:
+    name = io.name
+    expected = wire_to_config(io.datatype)
     if expected == "TYPE_BF16":
         raise _unable(spec, f"{label} '{name}': BF16 tensors are not supported here")
     provided = _CONFIG_TYPES.get(tensor.type, tensor.type)
@@ -252,7 +253,6 @@ def _check_tensor(spec: ModelSpec, label: str, name: str, tensor: Any) -> None:
             f"configuration expects datatype {expected} for {label} '{name}', "
             f"model provides {provided}",
         )
-    io = next(t for t in (spec.inputs if label == "input" else spec.outputs) if t.name == name)
     model_shape = [_dim(d) for d in tensor.shape]
     shape = list(io.reshape if io.reshape is not None else io.dims)
     if not model_shape:

@@ -28,6 +28,7 @@ import openvino.properties as props
 import openvino.properties.hint as hints
 import torch
 from openvino.preprocess import PrePostProcessor
+from sluice.shared.datatypes import wire_to_config
 from sluice.shared.errors import ModelConfigError
 from sluice.shared.model_config import CONFIG_FILENAME, ModelSpec
 from sluice.workers.backends import complete_batching, newest_model_file
@@ -252,8 +253,7 @@ def _convert_types(spec: ModelSpec, model: Any) -> Any:
     ppp = PrePostProcessor(model)
     for label, ios in (("input", spec.inputs), ("output", spec.outputs)):
         for io in ios:
-            entry = next(t for t in spec.config_json.get(label, []) if t["name"] == io.name)
-            dtype = entry.get("data_type", "TYPE_INVALID")
+            dtype = wire_to_config(io.datatype)
             if dtype not in _ELEMENT_TYPES:
                 raise ModelConfigError(
                     f"unsupported datatype {dtype} for {label} '{io.name}' for model '{spec.name}'"

@@ -19,8 +19,7 @@ from typing import Any
 import torch
 from sluice.shared.errors import ModelConfigError
 from sluice.shared.model_config import ModelSpec
-from sluice.shared.transaction_policy import is_decoupled
-from sluice.workers.generation import GenerativeInstance, iterative
+from sluice.workers.generation import GenerativeInstance
 from sluice.workers.instance import GenerativeModel, ModelInstance, Responses
 from sluice.workers.python_backend.instance import TritonInstance
 from sluice.workers.python_backend.loading import (
@@ -57,7 +56,7 @@ def load_instance(
     triton_class = getattr(module, "TritonPythonModel", None)
     if triton_class is not None:
         triton = triton_instance(spec, model_dir, version, device, index, triton_class, path)
-        return _triton_iterative(spec, triton, path) if iterative(spec) else triton
+        return _triton_iterative(spec, triton, path) if spec.config.iterative_sequence else triton
     model_class = getattr(module, "Model", None)
     if model_class is None:
         raise ModelConfigError(
@@ -77,7 +76,7 @@ def load_instance(
         instance = model_class(context)
     except Exception as exc:  # user code
         raise ModelConfigError(f"{path}: Model() failed: {exc!r}") from exc
-    if iterative(spec):
+    if spec.config.iterative_sequence:
         return _generative(spec, instance, path)
     return StackedInstance(spec, instance.infer, device)
 
@@ -105,7 +104,7 @@ def _generative(spec: ModelSpec, instance: object, path: Path) -> GenerativeInst
 
 
 def _check_iterative(spec: ModelSpec, path: Path) -> None:
-    if not is_decoupled(spec.config_json) or spec.max_batch_size < 1:
+    if not spec.config.decoupled or spec.max_batch_size < 1:
         raise ModelConfigError(
             f"{path}: model '{spec.name}' is iterative: it must be decoupled "
             "(model_transaction_policy { decoupled: true }), one response per token, and set "

@@ -17,8 +17,9 @@ from typing import Any
 
 import tensorrt as trt
 import torch
+from sluice.shared.datatypes import wire_to_config
 from sluice.shared.errors import ModelConfigError, ModelExecutionError
-from sluice.shared.model_config import ModelSpec
+from sluice.shared.model_config import ModelSpec, TensorSpec
 from sluice.workers.backends import complete_batching, newest_model_file
 from sluice.workers.stacked import TensorFunction
 from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig
@@ -52,7 +53,7 @@ def load_instance(
     tensors = _io_tensors(engine)
     for label, ios in (("input", spec.inputs), ("output", spec.outputs)):
         for io in ios:
-            _check_tensor(spec, engine, tensors, label, io.name)
+            _check_tensor(spec, engine, tensors, label, io)
     outputs = [name for name, is_input in tensors.items() if not is_input]
     wanted = {io.name for io in spec.outputs}
 
@@ -124,15 +125,15 @@ def _largest_batch(engine: Any, name: str) -> int:
 
 
 def _check_tensor(
-    spec: ModelSpec, engine: Any, tensors: dict[str, bool], label: str, name: str
+    spec: ModelSpec, engine: Any, tensors: dict[str, bool], label: str, io: TensorSpec
 ) -> None:
+    name = io.name
     allowed = sorted(n for n, is_input in tensors.items() if is_input == (label == "input"))
     if name not in allowed:
         raise ModelConfigError(
             f"unexpected inference {label} '{name}', allowed {label}s are: " + ", ".join(allowed)
         )
-    entry = next(t for t in spec.config_json.get(label, []) if t["name"] == name)
-    expected = entry.get("data_type", "TYPE_INVALID")
+    expected = wire_to_config(io.datatype)
     provided = _TYPES.get(engine.get_tensor_dtype(name).name, ("TYPE_INVALID",))[0]
     if expected != provided:
         raise ModelConfigError(

@@ -81,7 +81,7 @@ def initialize_args(
 ) -> dict[str, str]:
     """Triton's seven `initialize(args)` keys for the model's instance number `index`, on
     `device` (where `sluice.workers.placement` put it)."""
-    slots = instance_slots(spec.config_json, torch.cuda.device_count())
+    slots = instance_slots(spec.config, torch.cuda.device_count())
     slot = slots[index] if index < len(slots) else Slot(spec.name, "KIND_AUTO", index, device)
     if device.type == "cuda":
         kind_text, device_id = "GPU", str(device.index or 0)
