@@ -18,7 +18,7 @@ from typing import Any
 from sluice.shared.errors import SluiceError, Unavailable
 from sluice.shared.model_loads import load_checked, unload_checked
 from sluice.shared.redis_client import REDIS_ERRORS, AsyncClient, async_client
-from sluice.shared.repository_control import NOT_EXPLICIT
+from sluice.shared.repository_control import NOT_EXPLICIT, ControlMode
 from sluice.workers.python_backend import bls
 from sluice.workers.python_backend.context import current_instance_name
 from sluice.workers.python_backend.errors import TritonModelException
@@ -27,10 +27,10 @@ from sluice.workers.python_backend.errors import TritonModelException
 LOAD_WAIT_S = 300.0
 
 _redis_url: str | None = None
-_control_mode = "none"
+_control_mode: ControlMode = "none"
 
 
-def configure(redis_url: str, control_mode: str) -> None:
+def configure(redis_url: str, control_mode: ControlMode) -> None:
     """The worker's Redis and --model-control-mode; set before the models run."""
     global _redis_url, _control_mode
     _redis_url, _control_mode = redis_url, control_mode
