@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from compare_triton import EXAMPLES, perf_analyzer, server_stats, wait_ready  # noqa: E402
-from http_servers import cpu_seconds, running  # noqa: E402
+from http_servers import cpu_time_s, running  # noqa: E402
 
 PROTOCOLS = ("http", "grpc")
 LEVELS = (1, 64)
@@ -90,7 +90,7 @@ def measure(protocol: str, port: int, level: int, pid: int) -> dict[str, float |
     url = http_url if protocol == "http" else f"127.0.0.1:{port + 1}"
     csv_path = Path(tempfile.mkdtemp()) / "pa.csv"
     command = [pa[0], "-m", "mlp", "-i", protocol, "-u", url, "--concurrency-range", str(level)]
-    inferences, cpu_s = server_stats(http_url)[0], cpu_seconds(pid)
+    inferences, cpu_s = server_stats(http_url)[0], cpu_time_s(pid)
     run = subprocess.run(
         [*command, *PA_WINDOW, "-f", str(csv_path)],
         env=pa[1],
@@ -106,7 +106,7 @@ def measure(protocol: str, port: int, level: int, pid: int) -> dict[str, float |
         "throughput": float(row["Inferences/Second"]),
         "p50_ms": int(row["p50 latency"]) / 1e3,
         "p99_ms": int(row["p99 latency"]) / 1e3,
-        "gateway_cpu_us": (cpu_seconds(pid) - cpu_s) * 1e6 / max(1, inferences),
+        "gateway_cpu_us": (cpu_time_s(pid) - cpu_s) * 1e6 / max(1, inferences),
         "loadavg_1m": round(os.getloadavg()[0], 2),
     }
 

@@ -56,7 +56,7 @@ def running(command: list[str]) -> Iterator[subprocess.Popen[bytes]]:
             process.terminate()
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_time_s(pid: int) -> float:
     """CPU time (user + system) the process has used: unlike latency, what a server costs
     per request does not grow with the other loads of a shared machine."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -79,11 +79,11 @@ def measure_gateway(
         wait_ready(url)
         rows = []
         for level in LEVELS:
-            inferences, cpu_s = server_stats(url)[0], cpu_seconds(gateway.pid)
+            inferences, cpu_s = server_stats(url)[0], cpu_time_s(gateway.pid)
             counters = probe() if probe is not None else {}
             row = run_load(url, level, label, None)
             inferences = max(1, server_stats(url)[0] - inferences)
-            row["gateway_cpu_us"] = (cpu_seconds(gateway.pid) - cpu_s) * 1e6 / inferences
+            row["gateway_cpu_us"] = (cpu_time_s(gateway.pid) - cpu_s) * 1e6 / inferences
             row["loadavg_1m"] = round(os.getloadavg()[0], 2)
             grown = probe() if probe is not None else {}
             row |= {f"{k}_per_infer": (grown[k] - v) / inferences for k, v in counters.items()}
