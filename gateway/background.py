@@ -24,4 +24,3 @@ def start_background(dispatcher: Dispatcher, table: ModelTable, supervisor: Supe
 
     supervisor.start("replies", replies.run, fail_waiting)
     supervisor.start("model-table", table.run)
-    table.background_up = lambda: supervisor.up

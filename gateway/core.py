@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sluice.gateway import metadata
@@ -35,7 +35,6 @@ from sluice.shared.errors import (
 )
 from sluice.shared.fleet import fleet_status
 from sluice.shared.infer_codec import ParsedInfer, decompress, parse_infer
-from sluice.shared.jobs import MAX_BULK_JOBS, MAX_JOBS
 from sluice.shared.model_loads import (
     check_load,
     failed_to_poll,
@@ -47,7 +46,7 @@ from sluice.shared.partitions import share
 from sluice.shared.protocol import Request, ResponseParameter, Result, Tensor
 from sluice.shared.queue_policy import DEADLINE, PRIORITY, TIMEOUT, deadline_us
 from sluice.shared.redis_client import REDIS_ERRORS
-from sluice.shared.repository_control import NOT_EXPLICIT
+from sluice.shared.repository_control import NOT_EXPLICIT, ControlMode
 from sluice.shared.signature import Signature, validate_inputs
 
 #: request parameters the workers act on.
@@ -60,25 +59,27 @@ GATEWAY_PARAMETERS = frozenset({"binary_data_output", EMPTY_FINAL_RESPONSE})
 
 @dataclass(frozen=True, slots=True)
 class GatewayLimits:
-    max_body_bytes: int = 64 << 20
-    request_timeout_s: float = 300.0
+    """The gateway's limits, built from its settings (sluice/settings.py holds each default)."""
+
+    max_body_bytes: int
+    request_timeout_s: float
     #: when set, every request but the health probes needs `Authorization: Bearer <token>`.
-    auth_token: str | None = None
+    auth_token: str | None
     #: Triton's restricted APIs: category -> the header its requests must carry, on the HTTP
     #: port (--http-restricted-api) and the gRPC port (--grpc-restricted-protocol).
-    http_restrictions: Restrictions = field(default_factory=dict)
-    grpc_restrictions: Restrictions = field(default_factory=dict)
+    http_restrictions: Restrictions
+    grpc_restrictions: Restrictions
     #: when set, the metrics port needs `Authorization: Bearer <token>` (Triton's has no auth).
-    metrics_auth_token: str | None = None
+    metrics_auth_token: str | None
     #: how long a job and its result are kept.
-    job_ttl_s: int = 3600
+    job_ttl_s: int
     #: jobs and bulk jobs kept fleet-wide at once (0: no limit).
-    max_jobs: int = MAX_JOBS
-    max_bulk_jobs: int = MAX_BULK_JOBS
+    max_jobs: int
+    max_bulk_jobs: int
     #: Triton's --model-control-mode; only "explicit" takes repository loads and unloads.
-    model_control_mode: str = "none"
+    model_control_mode: ControlMode
     #: models whose `file:` overrides the fleet keeps in Redis at once (0: no limit).
-    max_override_models: int = 64
+    max_override_models: int
 
 
 class InferInput(Protocol):
@@ -151,8 +152,6 @@ class GatewayCore:
         self.limits = limits
         self.bulk = bulk
         self.ensembles = Ensembles(dispatcher, table)
-        table.empty_ok = limits.model_control_mode != "none"
-        table.follows_desired = limits.model_control_mode == "explicit"
 
     # -- server and models -------------------------------------------------------------------
 

@@ -31,7 +31,7 @@ from sluice.shared.registry import (
     live_members,
     now_ms,
 )
-from sluice.shared.repository_control import DesiredModel, decode_all
+from sluice.shared.repository_control import ControlMode, DesiredModel, decode_all
 from sluice.shared.signature import Signature
 from sluice.shared.when_full import past_maxmemory
 
@@ -105,10 +105,33 @@ class ModelView:
         return version
 
 
+def _nothing(*_: object) -> None:
+    return None
+
+
+def _always() -> bool:
+    return True
+
+
 class ModelTable:
     def __init__(
-        self, redis: aioredis.Redis, gateway_id: str, inflight: Callable[[], dict[str, int]]
+        self,
+        redis: aioredis.Redis,
+        gateway_id: str,
+        inflight: Callable[[], dict[str, int]],
+        *,
+        control_mode: ControlMode = "none",
+        on_unloaded: Callable[[str], None] = _nothing,
+        on_depths: Callable[[str, int, list[int], int], None] = _nothing,
+        background_up: Callable[[], bool] = _always,
     ) -> None:
+        """`control_mode`: Triton's --model-control-mode; `on_unloaded`: called with the name
+        of each model unloaded everywhere, at every refresh (no worker will read what is
+        still queued for it); `on_depths`: called at every heartbeat with the entries in each
+        partition of a partitioned model's level, and its batch size (model, level, depths,
+        batch); `background_up`: whether the gateway's background loops run
+        (gateway/background.py): while one is down after a failure, the gateway is not
+        ready."""
         self.redis = redis
         self.gateway_id = gateway_id
         self.inflight = inflight
@@ -119,20 +142,14 @@ class ModelTable:
         #: the models some live worker's repository holds, loaded or not.
         self.repository: set[str] = set()
         #: whether the gateway may be ready with no model loaded (explicit and poll modes).
-        self.empty_ok = False
+        self.empty_ok = control_mode != "none"
         #: explicit mode: loads and unloads follow the desired state (other modes ignore what
         #: an earlier explicit fleet left in Redis).
-        self.follows_desired = False
+        self.follows_desired = control_mode == "explicit"
         self.refreshed = asyncio.Event()
-        #: called with the name of each model unloaded everywhere, at every refresh: no worker
-        #: will read what is still queued for it.
-        self.on_unloaded: Callable[[str], None] = lambda _: None
-        #: called at every heartbeat with the entries in each partition of a partitioned
-        #: model's level, and its batch size (model, level, depths, batch).
-        self.on_depths: Callable[[str, int, list[int], int], None] = lambda *_: None
-        #: whether the gateway's background loops run (gateway/background.py): while one is
-        #: down after a failure, the gateway is not ready.
-        self.background_up: Callable[[], bool] = lambda: True
+        self.on_unloaded = on_unloaded
+        self.on_depths = on_depths
+        self.background_up = background_up
         self._last_ok = 0.0
         self._reachable = False
 

@@ -91,9 +91,16 @@ async def serve_gateway(
         config.outage,
         max_held_response_bytes=config.stream_max_held_bytes,
     )
-    table = ModelTable(redis, gateway_id, dispatcher.inflight_snapshot)
-    table.on_unloaded = lambda model: dispatcher.abandon(model, no_versions(model))
-    table.on_depths = dispatcher.dealer.observe
+    supervisor = Supervisor()
+    table = ModelTable(
+        redis,
+        gateway_id,
+        dispatcher.inflight_snapshot,
+        control_mode=config.limits.model_control_mode,
+        on_unloaded=lambda model: dispatcher.abandon(model, no_versions(model)),
+        on_depths=dispatcher.dealer.observe,
+        background_up=lambda: supervisor.up,
+    )
     waiter = async_client(config.redis_url, socket_timeout_s=None)
     for client in (redis, reader, waiter):  # before the tasks and requests share them
         await initialized(client)
@@ -107,7 +114,6 @@ async def serve_gateway(
     streams = StreamLoad()
     metrics = _metrics_port(MetricsApp(redis, table, streams), config.limits.metrics_auth_token)
     stop = stop or _stop_on_signal(config.drain_timeout_s, http)
-    supervisor = Supervisor()
     start_background(dispatcher, table, supervisor)
     supervisor.start("job-events", watch.run)
     background: list[asyncio.Task[None]] = []

@@ -77,10 +77,15 @@ class Gateway:
         self.redis = async_client(url)
         self.reader = async_client(url, socket_timeout_s=None)
         self.dispatcher = Dispatcher(self.redis, self.reader, "gw-supervised")
-        self.table = ModelTable(self.redis, "gw-supervised", self.dispatcher.inflight_snapshot)
-        self.table.empty_ok = True  # ready with a worker and no model (explicit mode)
         self.gate = Gate()
         self.supervisor = Supervisor(sleep=self.gate)
+        self.table = ModelTable(
+            self.redis,
+            "gw-supervised",
+            self.dispatcher.inflight_snapshot,
+            control_mode="explicit",  # ready with a worker and no model
+            background_up=lambda: self.supervisor.up,
+        )
 
     async def start(self) -> None:
         worker = Member("w", "worker", "h", 1, now_ms())

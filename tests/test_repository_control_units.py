@@ -269,9 +269,8 @@ def test_a_refresh_names_the_models_unloaded_everywhere(redis_url: str) -> None:
             for name in statuses:
                 await redis.hset(keys.MODELS, name, encode_model_record(config, [1], None))
             await redis.hset(keys.FLEET, "w", worker.encode())
-            table = ModelTable(redis, "gw", dict)
             named: list[str] = []
-            table.on_unloaded = named.append
+            table = ModelTable(redis, "gw", dict, on_unloaded=named.append)
             await table.refresh()
             return named
         finally:
