@@ -25,10 +25,10 @@ from sluice.shared.errors import SluiceError
 from sluice.shared.model_config import ModelSpec, load_model_config
 from sluice.shared.protocol import Request, Tensor
 from sluice.workers.backends import load_function
-from sluice.workers.cuda_staging import CudaStaging, Staged
-from sluice.workers.instance import Batch
-from sluice.workers.stacked import StackedInstance, TensorFunction
-from sluice.workers.stage_ahead import StageAhead
+from sluice.workers.devices.cuda_staging import CudaStaging, Staged
+from sluice.workers.devices.stage_ahead import StageAhead
+from sluice.workers.instances.model_instance import Batch
+from sluice.workers.instances.stacked import StackedInstance, TensorFunction
 
 #: the largest relative difference that still counts as the model's answer (FP32 kernels
 #: picked for another batch size may sum in another order).

@@ -10,7 +10,7 @@ GPU can do); `worker path` is a StackedInstance's run on 64 one-row requests thr
 instance's staging (pinned buffers, its stream, outputs back to the host: the worker without
 Redis or HTTP);
 `staged ahead` is that path on a lane's thread with each next batch's inputs copied ahead
-while the lane computes (`sluice.workers.stage_ahead`, one instance's overlap);
+while the lane computes (`sluice.workers.devices.stage_ahead`, one instance's overlap);
 `c=N` is served throughput with N clients of one row each, its median latency, the mean batch
 the model ran and the GPU's mean utilisation over the level. Figures go to --out (default
 $OUT, if set) as gpu_check.json and gpu_check.md.
@@ -56,10 +56,10 @@ from http_servers import running  # noqa: E402
 from sluice.shared import device_metrics as dm  # noqa: E402
 from sluice.shared.model_config import load_model_config  # noqa: E402
 from sluice.workers.backends import load_function  # noqa: E402
-from sluice.workers.cuda_staging import Staged  # noqa: E402
-from sluice.workers.device_sampler import GpuSampler, cuda_gpu_uuids, open_nvml  # noqa: E402
-from sluice.workers.instance import Batch  # noqa: E402
-from sluice.workers.stage_ahead import StageAhead  # noqa: E402
+from sluice.workers.devices.cuda_staging import Staged  # noqa: E402
+from sluice.workers.devices.device_sampler import GpuSampler, cuda_gpu_uuids, open_nvml  # noqa: E402
+from sluice.workers.devices.stage_ahead import StageAhead  # noqa: E402
+from sluice.workers.instances.model_instance import Batch  # noqa: E402
 
 from sluice.embedded_redis import EmbeddedRedis  # noqa: E402
 

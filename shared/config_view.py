@@ -61,7 +61,7 @@ class ConfigView:
     partitions: int
     #: the models an ensemble's steps name (none for any other model).
     ensemble_steps: tuple[str, ...]
-    #: where its instances run (workers/placement.py); one default group when it lists none.
+    #: where its instances run (workers/devices/placement.py); one default group when it lists none.
     instance_groups: tuple[InstanceGroup, ...]
     #: the config as Triton's JSON, as served back to clients.
     json: dict[str, Any]

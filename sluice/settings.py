@@ -38,7 +38,7 @@ from sluice.shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DRAIN_TIMEOUT_
 from sluice.shared.idle_poll import DEFAULT_WINDOW_US
 from sluice.shared.jobs import MAX_BULK_JOBS, MAX_JOBS
 from sluice.shared.repository_control import ControlMode, load_model_problem
-from sluice.workers.recovery import RecoveryPolicy
+from sluice.workers.recovery.recovery import RecoveryPolicy
 from sluice.workers.worker_config import BatchDelay, WorkerConfig
 
 if TYPE_CHECKING:

@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 from sluice.shared.model_config import ModelSpec, load_model_config
 from sluice.shared.protocol import Request
-from sluice.workers.batcher import Pending
-from sluice.workers.instances import Instances
-from sluice.workers.pending import Queued
-from sluice.workers.queue_state import QueueState
+from sluice.workers.batching.batcher import Pending
+from sluice.workers.batching.pending import Queued
+from sluice.workers.batching.queue_state import QueueState
+from sluice.workers.instances.lanes import Instances
 
 from tests.streams import int_model_config
 

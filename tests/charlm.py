@@ -15,8 +15,8 @@ from sluice.shared.datatypes import serialize_bytes_elements
 from sluice.shared.model_config import load_model_config
 from sluice.shared.protocol import Request, Tensor
 from sluice.workers.backends.python import ModelContext
-from sluice.workers.generation import Generation
-from sluice.workers.inflight import InflightScheduler, Limits
+from sluice.workers.generation.generation import Generation
+from sluice.workers.generation.inflight import InflightScheduler, Limits
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 CHARLM = EXAMPLES / "model_repository" / "charlm"

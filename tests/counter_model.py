@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 from sluice.shared.protocol import Request, Tensor
-from sluice.workers.instance import Prompt
+from sluice.workers.instances.model_instance import Prompt
 
 SPEC_DIR = "counter"
 CONFIG = """

@@ -29,7 +29,7 @@ from sluice.workers.backends import (
     load_instance,
 )
 from sluice.workers.backends.onnxruntime import session_options
-from sluice.workers.stacked import StackedInstance
+from sluice.workers.instances.stacked import StackedInstance
 
 from tests.backend_models import load_error, model_instance, model_spec
 

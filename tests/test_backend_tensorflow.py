@@ -327,7 +327,7 @@ from pathlib import Path
 import tensorflow as tf
 from sluice.shared.repository import scan_repository
 from sluice.workers.backends import complete_config
-from sluice.workers.model_build import configure_threads, load_model
+from sluice.workers.models.model_build import configure_threads, load_model
 
 entries = {e.name: e for e in scan_repository(Path(sys.argv[1]), complete=complete_config)}
 configure_threads(list(entries.values()))

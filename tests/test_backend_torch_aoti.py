@@ -27,7 +27,7 @@ from sluice.shared.model_config import load_model_config
 from sluice.workers.backends import load_function
 from sluice.workers.backends.aoti_runner import library_entry
 from sluice.workers.backends.pt2_archive import leaf_names
-from sluice.workers.stacked import TensorFunction
+from sluice.workers.instances.stacked import TensorFunction
 from torch import nn
 from torch.export import Dim
 from torch.utils import _pytree as pytree

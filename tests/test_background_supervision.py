@@ -25,11 +25,11 @@ from sluice.shared.protocol import Request, Result, Tensor, encode_requests, enc
 from sluice.shared.redis_client import async_client
 from sluice.shared.registry import Member, now_ms
 from sluice.shared.supervision import Supervisor
-from sluice.workers.model_queue import ModelQueue
-from sluice.workers.reader import StreamReader
-from sluice.workers.recovery import RecoveryPolicy
-from sluice.workers.stacked import StackedInstance
-from sluice.workers.takeover import Takeover
+from sluice.workers.batching.model_queue import ModelQueue
+from sluice.workers.batching.reader import StreamReader
+from sluice.workers.instances.stacked import StackedInstance
+from sluice.workers.recovery.recovery import RecoveryPolicy
+from sluice.workers.recovery.takeover import Takeover
 from sluice.workers.worker import Worker
 
 from sluice.settings import WorkerSettings

@@ -1,4 +1,5 @@
-"""The batch decision (workers/batcher.py) against Triton's GetDynamicBatch, with a fake clock."""
+"""The batch decision (workers/batching/batcher.py) against Triton's GetDynamicBatch, with a fake
+clock."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Hashable, Sequence
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from sluice.workers.batcher import (
+from sluice.workers.batching.batcher import (
     INLINE_RUN_LIMIT_NS,
     ArrivalGap,
     BatchRules,

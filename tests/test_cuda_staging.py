@@ -12,10 +12,10 @@ import pytest
 import torch
 from sluice.shared.model_config import ModelSpec, load_model_config
 from sluice.shared.protocol import Request, Tensor
-from sluice.workers.cuda_staging import CudaStaging, HostBuffers, stack_into
-from sluice.workers.instance import Batch
-from sluice.workers.stacked import StackedInstance, collate
-from sluice.workers.stage_ahead import StageAhead
+from sluice.workers.devices.cuda_staging import CudaStaging, HostBuffers, stack_into
+from sluice.workers.devices.stage_ahead import StageAhead
+from sluice.workers.instances.model_instance import Batch
+from sluice.workers.instances.stacked import StackedInstance, collate
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 

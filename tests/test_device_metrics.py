@@ -21,7 +21,7 @@ from sluice.shared import keys
 from sluice.shared.device_metrics import INFO_KEY
 from sluice.shared.redis_client import sync_client
 from sluice.shared.registry import Member
-from sluice.workers.device_sampler import (
+from sluice.workers.devices.device_sampler import (
     FAIL_THRESHOLD,
     CpuSampler,
     DeviceSampler,

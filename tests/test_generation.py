@@ -15,10 +15,10 @@ import pytest
 from sluice.shared.errors import ModelExecutionError, SluiceError
 from sluice.shared.model_config import load_model_config
 from sluice.shared.protocol import Request, Tensor
-from sluice.workers.generation import Generation
-from sluice.workers.generation_stats import GenerationStats
-from sluice.workers.inflight import InflightScheduler, Limits
-from sluice.workers.instance import GenerativeModel
+from sluice.workers.generation.generation import Generation
+from sluice.workers.generation.generation_stats import GenerationStats
+from sluice.workers.generation.inflight import InflightScheduler, Limits
+from sluice.workers.instances.model_instance import GenerativeModel
 
 from tests.charlm import build_charlm, greedy_texts
 from tests.counter_model import CONFIG, SPEC_DIR, Counter, request

@@ -3,7 +3,7 @@ within the sequence and token limits."""
 
 from __future__ import annotations
 
-from sluice.workers.inflight import InflightScheduler, Limits
+from sluice.workers.generation.inflight import InflightScheduler, Limits
 
 
 def keys_of(sequences: list) -> list[str]:  # type: ignore[type-arg]

@@ -13,12 +13,12 @@ from typing import Any
 from sluice.shared.errors import SluiceError
 from sluice.shared.model_config import load_model_config
 from sluice.shared.protocol import Request, Tensor
-from sluice.workers.batcher import Pending
-from sluice.workers.generation import GenerativeInstance
-from sluice.workers.inflight_loop import InflightLoop
-from sluice.workers.model_queue import batch_rules
-from sluice.workers.pending import Queued
-from sluice.workers.queue_state import QueueState
+from sluice.workers.batching.batcher import Pending
+from sluice.workers.batching.model_queue import batch_rules
+from sluice.workers.batching.pending import Queued
+from sluice.workers.batching.queue_state import QueueState
+from sluice.workers.generation.inflight_loop import InflightLoop
+from sluice.workers.instances.generative import GenerativeInstance
 
 from tests.counter_model import CONFIG, Counter, request
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 from sluice.shared.model_config import load_model_config
-from sluice.workers.instances import Instances
-from sluice.workers.stacked import StackedInstance
+from sluice.workers.instances.lanes import Instances
+from sluice.workers.instances.stacked import StackedInstance
 
 from tests.streams import int_model_config, int_request
 

@@ -22,9 +22,9 @@ from sluice.shared.jobs import request_digest
 from sluice.shared.protocol import Request, Result, Tensor, decode_requests, decode_results
 from sluice.shared.redis_client import async_client
 from sluice.shared.registry import encode_model_record
-from sluice.workers.batcher import Pending
-from sluice.workers.pending import Queued
-from sluice.workers.publisher import Publisher
+from sluice.workers.answers.publisher import Publisher
+from sluice.workers.batching.batcher import Pending
+from sluice.workers.batching.pending import Queued
 
 from sluice.client import RedisClient
 from sluice.client.errors import Conflict as ClientConflict

@@ -1,6 +1,8 @@
 """The data path's layers: sluice.shared imports neither side; the gateway and the workers
-never import each other; no package's modules import each other in a circle. A module-level,
-function-level or type-checking import breaks it alike."""
+never import each other; inside the workers, the instance side knows nothing of the queues, the
+queues nothing of the models' lifecycle, and nothing of the worker that composes them; no
+modules import each other in a circle. A module-level, function-level or type-checking import
+breaks it alike."""
 
 from __future__ import annotations
 
@@ -16,6 +18,23 @@ FORBIDDEN = {
     "gateway": ("sluice.workers",),
     "workers": ("sluice.gateway",),
 }
+
+#: the workers' folders by layer: a folder imports only from its layer and those below. 0: what
+#: runs a batch (instances and their kinds, backends, devices); 1: a model's queue (batching,
+#: answers, generation, recovery); 2: which models are served (models); 3: the worker itself
+#: (workers/*.py).
+WORKER_LAYERS = {
+    "instances": 0,
+    "backends": 0,
+    "python_backend": 0,
+    "devices": 0,
+    "batching": 1,
+    "answers": 1,
+    "generation": 1,
+    "recovery": 1,
+    "models": 2,
+}
+TOP_LAYER = 3
 
 
 def _imports(path: Path) -> set[str]:
@@ -89,3 +108,23 @@ def test_no_modules_import_each_other_in_a_circle() -> None:
     }
     circles = [c for c in (_circle_from(name, graph) for name in sorted(graph)) if c is not None]
     assert circles == []
+
+
+def _worker_layer(module: str) -> int:
+    """The layer of a module of sluice.workers."""
+    folder = module.split(".")[2]
+    return WORKER_LAYERS.get(folder, TOP_LAYER)
+
+
+def test_worker_folders_import_only_their_layer_and_those_below() -> None:
+    assert sorted(WORKER_LAYERS) == sorted(
+        p.name for p in (ROOT / "workers").iterdir() if p.is_dir() and (p / "__init__.py").exists()
+    )
+    workers = {n: p for n, p in _module_paths().items() if n.startswith("sluice.workers.")}
+    upward = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for module, path in sorted(workers.items())
+        for name in sorted(_imports(path))
+        if name in workers and _worker_layer(name) > _worker_layer(module)
+    ]
+    assert upward == []

@@ -10,7 +10,7 @@ import pytest
 from sluice.shared.errors import InvalidInput
 from sluice.shared.model_loads import check_load
 from sluice.shared.repository_control import model_name_problem
-from sluice.workers.override_files import OverrideDirectory
+from sluice.workers.models.override_files import OverrideDirectory
 
 CONFIG = '{"backend": "python"}'
 FILES = {"file:1/x": b"x"}

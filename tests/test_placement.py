@@ -11,8 +11,8 @@ from sluice.shared.config_view import ConfigView
 from sluice.shared.errors import ModelConfigError
 from sluice.shared.model_config import load_model_config
 from sluice.shared.repository import scan_model
-from sluice.workers.model_build import load_model
-from sluice.workers.placement import instance_devices, instance_slots
+from sluice.workers.devices.placement import instance_devices, instance_slots
+from sluice.workers.models.model_build import load_model
 
 CPU = torch.device("cpu")
 

@@ -9,7 +9,7 @@ import redis.asyncio as aioredis
 from sluice.shared import keys
 from sluice.shared.redis_client import async_client
 from sluice.shared.stats import FOLD_AT, BatchStats, read_stats_command, stats_hash
-from sluice.workers.publisher import STATS_FLUSH_S, Publisher
+from sluice.workers.answers.publisher import STATS_FLUSH_S, Publisher
 
 
 class Clock:

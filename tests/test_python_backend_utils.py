@@ -23,8 +23,8 @@ from sluice.shared.model_config import ModelSpec, load_model_config
 from sluice.shared.protocol import Request, Result, Tensor
 from sluice.shared.stats import BatchStats
 from sluice.workers.backends import load_instance
-from sluice.workers.instance import Answered, Batch
-from sluice.workers.instances import Instances
+from sluice.workers.instances.lanes import Instances
+from sluice.workers.instances.model_instance import Answered, Batch
 from sluice.workers.python_backend import pb_utils
 from sluice.workers.python_backend.errors import from_sluice_code, to_sluice
 from sluice.workers.python_backend.instance import TritonInstance

@@ -6,9 +6,9 @@ from __future__ import annotations
 import itertools
 
 from sluice.shared.protocol import Request
-from sluice.workers.batcher import INLINE_RUN_LIMIT_NS, BatchRules, Pending, Send, Wait
-from sluice.workers.pending import Queued
-from sluice.workers.queue_state import QueueState
+from sluice.workers.batching.batcher import INLINE_RUN_LIMIT_NS, BatchRules, Pending, Send, Wait
+from sluice.workers.batching.pending import Queued
+from sluice.workers.batching.queue_state import QueueState
 
 MS = 1_000_000
 RULES = BatchRules(

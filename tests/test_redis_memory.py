@@ -35,10 +35,10 @@ from sluice.shared.redis_client import OUT_OF_MEMORY, async_client, out_of_memor
 from sluice.shared.registry import MEMBER_TTL_S, live_members, now_ms
 from sluice.shared.repository_control import declare
 from sluice.shared.when_full import past_maxmemory
-from sluice.workers.batcher import Pending
-from sluice.workers.pending import Queued
-from sluice.workers.publisher import Publisher
-from sluice.workers.refused_results import REFUSED
+from sluice.workers.answers.publisher import Publisher
+from sluice.workers.answers.refused_results import REFUSED
+from sluice.workers.batching.batcher import Pending
+from sluice.workers.batching.pending import Queued
 from tritonclient.utils import InferenceServerException
 
 from sluice.embedded_redis import EmbeddedRedis, redis_server_binary

@@ -26,8 +26,8 @@ from sluice.shared.protocol import (
     encode_results,
 )
 from sluice.shared.redis_client import async_client
-from sluice.workers.pending import Queued
-from sluice.workers.publisher import Publisher
+from sluice.workers.answers.publisher import Publisher
+from sluice.workers.batching.pending import Queued
 
 from sluice.embedded_redis import EmbeddedRedis
 from tests.conftest import free_port, needs_single_redis, start_service, stop_service, wait_until

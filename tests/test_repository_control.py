@@ -422,7 +422,7 @@ def test_a_config_override_under_load_changes_batching_and_loses_nothing(
 
 def _old_queues_retired(redis_url: str) -> bool:
     """A reload's queue reads as `<worker>/<n>`; the one it replaced leaves the consumer
-    group once it has answered everything it held (workers/handoff.py)."""
+    group once it has answered everything it held (workers/recovery/handoff.py)."""
     client = sync_client(redis_url)
     try:
         consumers = client.xinfo_consumers(keys.request_stream("affine"), keys.WORKER_GROUP)

@@ -38,7 +38,7 @@ from sluice.shared.repository_control import (
     read_desired,
     read_files,
 )
-from sluice.workers.handoff import hand_back, undelivered
+from sluice.workers.recovery.handoff import hand_back, undelivered
 
 
 def _worker(name: str, repository: list[str], **models: ModelStatus) -> Member:

@@ -14,13 +14,13 @@ import pytest
 import torch
 from sluice.shared.model_config import ModelSpec
 from sluice.shared.protocol import Tensor
-from sluice.workers.batch_loop import BatchLoop
-from sluice.workers.batcher import BatchRules, Send
-from sluice.workers.early_run import EarlyRuns
-from sluice.workers.instances import Instances
-from sluice.workers.queue_state import QueueState
-from sluice.workers.stacked import StackedInstance
-from sluice.workers.stage_ahead import StageAhead
+from sluice.workers.batching.batch_loop import BatchLoop
+from sluice.workers.batching.batcher import BatchRules, Send
+from sluice.workers.batching.early_run import EarlyRuns
+from sluice.workers.batching.queue_state import QueueState
+from sluice.workers.devices.stage_ahead import StageAhead
+from sluice.workers.instances.lanes import Instances
+from sluice.workers.instances.stacked import StackedInstance
 
 from tests.batch_loop_harness import Launches, add_model, queued, values
 from tests.streams import int_request

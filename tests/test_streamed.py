@@ -1,4 +1,4 @@
-"""workers/streamed.py: a request's responses numbered and published in the order sent, from
+"""workers/answers/streamed.py: a request's responses numbered and published in the order sent, from
 any thread, many to a round trip; nothing after the final one; cancellation seen by the model."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import torch
 from sluice.shared.errors import InvalidInput
 from sluice.shared.model_config import load_model_config
 from sluice.shared.protocol import Request, Result
-from sluice.workers.batcher import Pending
-from sluice.workers.pending import Queued
-from sluice.workers.streamed import ResponseStream, StreamClosed
+from sluice.workers.answers.streamed import ResponseStream, StreamClosed
+from sluice.workers.batching.batcher import Pending
+from sluice.workers.batching.pending import Queued
 
 from tests.conftest import HERE
 

@@ -22,7 +22,7 @@ from sluice.shared.model_config import load_model_config
 from sluice.shared.redis_client import async_client
 from sluice.shared.registry import Member, ModelStatus, encode_model_record, now_ms
 from sluice.shared.stats import BatchStats, failure_increments
-from sluice.workers.publisher import Publisher
+from sluice.workers.answers.publisher import Publisher
 
 from tests.streams import PLUS_ONE_MODEL, int_model_config, write_python_model
 

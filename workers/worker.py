@@ -40,16 +40,16 @@ from sluice.shared.repository_control import (
 from sluice.shared.tasks import stop_tasks
 from sluice.shared.when_full import past_maxmemory
 from sluice.workers.backends import complete_config
-from sluice.workers.device_sampler import DeviceSampler
+from sluice.workers.batching.model_queue import ModelQueue
+from sluice.workers.devices.device_sampler import DeviceSampler
+from sluice.workers.generation.inflight_loop import InflightLoop
 from sluice.workers.health import HEALTH_SHUTDOWN_S, serve_health
-from sluice.workers.inflight_loop import InflightLoop
-from sluice.workers.instance import ModelInstance
-from sluice.workers.model_manager import ModelManager
-from sluice.workers.model_queue import ModelQueue
-from sluice.workers.override_files import OverrideDirectory
+from sluice.workers.instances.model_instance import ModelInstance
+from sluice.workers.models.model_manager import ModelManager
+from sluice.workers.models.override_files import OverrideDirectory
+from sluice.workers.models.served_models import ServedModels
 from sluice.workers.python_backend import bls, model_control
 from sluice.workers.python_backend.custom_metrics import REGISTRY as MODEL_METRICS
-from sluice.workers.served_models import ServedModels
 from sluice.workers.worker_config import WorkerConfig
 
 log = logging.getLogger(__name__)

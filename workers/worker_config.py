@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from sluice.shared.repository_control import ControlMode
-from sluice.workers.recovery import RecoveryPolicy
+from sluice.workers.recovery.recovery import RecoveryPolicy
 
 #: BATCH_DELAY of models that set none: "fixed" (Triton's wait) or "adaptive".
 BatchDelay = Literal["fixed", "adaptive"]
@@ -36,7 +36,7 @@ class WorkerConfig:
     metrics_interval_ms: int
     batch_delay: BatchDelay
     #: run a lone batch while its delay runs out, answering it once the batch is formed
-    #: (`workers/early_run.py`).
+    #: (`workers/batching/early_run.py`).
     early_run: bool
     #: seconds to finish the batches in hand after a stop signal before exiting regardless.
     drain_timeout_s: float

@@ -24,9 +24,9 @@ from types import ModuleType
 import torch
 from sluice.shared.errors import ModelConfigError
 from sluice.shared.model_config import BACKEND_RULES, ModelSpec
-from sluice.workers import placement
-from sluice.workers.instance import ModelInstance
-from sluice.workers.stacked import StackedInstance, TensorFunction
+from sluice.workers.devices import placement
+from sluice.workers.instances.model_instance import ModelInstance
+from sluice.workers.instances.stacked import StackedInstance, TensorFunction
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ BACKENDS: dict[str, Backend] = {
 
 def instance_devices(spec: ModelSpec) -> tuple[torch.device, ...]:
     """Each instance's device, placed as Triton places `instance_group` on the GPUs this worker
-    sees (`sluice.workers.placement`; ModelConfigError with Triton's reason for KIND_GPU it
+    sees (`sluice.workers.devices.placement`; ModelConfigError with Triton's reason for KIND_GPU it
     cannot honour); all CPU for a backend that takes its inputs in host memory (it picks its
     own device)."""
     backend = BACKENDS.get(spec.kind)

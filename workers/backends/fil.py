@@ -22,7 +22,7 @@ import torch
 import treelite
 from sluice.shared.errors import ModelConfigError
 from sluice.shared.model_config import CONFIG_FILENAME, FIL_FILENAMES, ModelSpec
-from sluice.workers.stacked import TensorFunction
+from sluice.workers.instances.stacked import TensorFunction
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 log = logging.getLogger(__name__)

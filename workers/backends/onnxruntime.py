@@ -22,7 +22,7 @@ from sluice.shared.datatypes import wire_to_config
 from sluice.shared.errors import ModelConfigError
 from sluice.shared.model_config import ModelSpec, TensorSpec
 from sluice.workers.backends import complete_batching, newest_model_file
-from sluice.workers.stacked import TensorFunction
+from sluice.workers.instances.stacked import TensorFunction
 from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig
 
 log = logging.getLogger(__name__)

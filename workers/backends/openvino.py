@@ -33,7 +33,7 @@ from sluice.shared.errors import ModelConfigError
 from sluice.shared.model_config import CONFIG_FILENAME, ModelSpec
 from sluice.workers.backends import complete_batching, newest_model_file
 from sluice.workers.backends.signal_stack import signal_stack_kept
-from sluice.workers.stacked import TensorFunction
+from sluice.workers.instances.stacked import TensorFunction
 from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig
 
 log = logging.getLogger(__name__)

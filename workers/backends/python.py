@@ -19,16 +19,16 @@ from typing import Any
 import torch
 from sluice.shared.errors import ModelConfigError
 from sluice.shared.model_config import ModelSpec
-from sluice.workers.generation import GenerativeInstance
-from sluice.workers.instance import GenerativeModel, ModelInstance, Responses
+from sluice.workers.instances.generative import GenerativeInstance
+from sluice.workers.instances.model_instance import GenerativeModel, ModelInstance, Responses
+from sluice.workers.instances.stacked import StackedInstance
 from sluice.workers.python_backend.instance import TritonInstance
+from sluice.workers.python_backend.iterative import TritonIterative
 from sluice.workers.python_backend.loading import (
     complete_config,
     import_model_file,
     triton_instance,
 )
-from sluice.workers.stacked import StackedInstance
-from sluice.workers.triton_iterative import TritonIterative
 
 __all__ = ["ModelContext", "complete_config", "load_instance"]
 

@@ -33,7 +33,7 @@ from sluice.workers.backends.tf_signature import (
     complete,
     read_signature,
 )
-from sluice.workers.stacked import TensorFunction
+from sluice.workers.instances.stacked import TensorFunction
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 log = logging.getLogger(__name__)

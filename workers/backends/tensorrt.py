@@ -21,7 +21,7 @@ from sluice.shared.datatypes import wire_to_config
 from sluice.shared.errors import ModelConfigError, ModelExecutionError
 from sluice.shared.model_config import ModelSpec, TensorSpec
 from sluice.workers.backends import complete_batching, newest_model_file
-from sluice.workers.stacked import TensorFunction
+from sluice.workers.instances.stacked import TensorFunction
 from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig
 
 #: TensorRT's data types (by name) as Triton's config types and torch's dtypes.

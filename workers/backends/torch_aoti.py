@@ -37,7 +37,7 @@ from sluice.workers.backends.pt2_archive import (
     archive_kind,
     leaf_names,
 )
-from sluice.workers.stacked import TensorFunction
+from sluice.workers.instances.stacked import TensorFunction
 from torch.utils import _pytree as pytree
 from torch.utils._sympy.numbers import int_oo
 

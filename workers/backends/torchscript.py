@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from sluice.shared.errors import ModelConfigError
 from sluice.shared.model_config import ModelSpec
-from sluice.workers.stacked import TensorFunction
+from sluice.workers.instances.stacked import TensorFunction
 
 _INDEXED = re.compile(r"^.+__(\d+)$")
 

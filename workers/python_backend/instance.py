@@ -13,7 +13,7 @@ Triton's stub runs it; the calling lane thread waits for it.
 
 A decoupled model's `execute` returns None instead: each request carries a response sender,
 which hands the model's responses to the batch's response stream (the queue's ResponseStream,
-workers/streamed.py), from `execute` or from any thread after it returned. Its `async def
+workers/answers/streamed.py), from `execute` or from any thread after it returned. Its `async def
 execute` is not waited for, as in Triton, so the instance takes the next batch while the
 coroutine runs.
 """
@@ -32,7 +32,7 @@ from typing import Any
 
 from sluice.shared.errors import ModelExecutionError, SluiceError
 from sluice.shared.protocol import Request
-from sluice.workers.instance import (
+from sluice.workers.instances.model_instance import (
     Answer,
     Answered,
     Batch,

@@ -24,7 +24,7 @@ import torch
 from google.protobuf import json_format
 from sluice.shared.errors import ModelConfigError
 from sluice.shared.model_config import ModelSpec, triton_config_json
-from sluice.workers.placement import Slot, instance_slots
+from sluice.workers.devices.placement import Slot, instance_slots
 from sluice.workers.python_backend import pb_utils
 from sluice.workers.python_backend.context import Instance, running
 from sluice.workers.python_backend.custom_metrics import release as release_metrics
@@ -80,7 +80,7 @@ def initialize_args(
     spec: ModelSpec, model_dir: Path, version: int, device: torch.device, index: int
 ) -> dict[str, str]:
     """Triton's seven `initialize(args)` keys for the model's instance number `index`, on
-    `device` (where `sluice.workers.placement` put it)."""
+    `device` (where `sluice.workers.devices.placement` put it)."""
     slots = instance_slots(spec.config, torch.cuda.device_count())
     slot = slots[index] if index < len(slots) else Slot(spec.name, "KIND_AUTO", index, device)
     if device.type == "cuda":

@@ -170,7 +170,7 @@ class InferenceRequest:
 
     def set_release_flags(self, flags: int) -> None:
         """RELEASE_RESCHEDULE keeps an iterative model's request for its next execute
-        (workers/triton_iterative.py); other models cannot reschedule."""
+        (workers/python_backend/iterative.py); other models cannot reschedule."""
         if flags != RELEASE_ALL and not self.reschedulable:
             raise TritonModelException("request rescheduling is not supported by sluice")
         self.release_flags = flags

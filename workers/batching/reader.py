@@ -18,9 +18,9 @@ from sluice.shared.backoff import Backoff
 from sluice.shared.partitions import share
 from sluice.shared.redis_client import CONNECTION_ERRORS, REDIS_ERRORS, UNREACHABLE_RETRY_DELAYS_S
 from sluice.shared.redis_wire import Wire
-from sluice.workers.admission import Admission
-from sluice.workers.answering import Answering
-from sluice.workers.queue_state import QueueState
+from sluice.workers.batching.admission import Admission
+from sluice.workers.batching.answering import Answering
+from sluice.workers.batching.queue_state import QueueState
 
 log = logging.getLogger(__name__)
 

@@ -2,9 +2,9 @@
 
 A loaded instance is a `ModelInstance`, whatever its backend: plain tensor functions
 (TorchScript, ONNX, TF, OpenVINO, FIL, TensorRT, .pt2, a sluice `class Model`) are a
-`StackedInstance` (workers/stacked.py), a Triton Python model a `TritonInstance`
+`StackedInstance` (workers/instances/stacked.py), a Triton Python model a `TritonInstance`
 (workers/python_backend/instance.py), a generative model a `GenerativeInstance`
-(workers/generation.py). The queue never asks which: it reads the instance's declared
+(workers/instances/generative.py). The queue never asks which: it reads the instance's declared
 `Capabilities` and hands it `Batch`es. Adding a kind of instance touches its own module and
 the factory (`sluice.workers.backends.load_instance`) only.
 """
@@ -18,7 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 from sluice.shared.errors import SluiceError
 from sluice.shared.protocol import Request, ResponseParameter, Tensor
-from sluice.workers.cuda_staging import CudaStaging, Staged
+from sluice.workers.devices.cuda_staging import CudaStaging, Staged
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +30,7 @@ class Capabilities:
     #: and its inputs are never staged ahead.
     answers_each: bool = False
     #: a run has no effects of its own, so a lone batch may run before its delay is out and
-    #: be dropped (workers/early_run.py).
+    #: be dropped (workers/batching/early_run.py).
     may_run_early: bool = True
     #: it steps sequences iteration by iteration in the in-flight loop (workers/
     #: inflight_loop.py) instead of running batches.
@@ -51,8 +51,8 @@ class Capabilities:
 
 class Responses(Protocol):
     """Where a decoupled or generative model's responses go: the model queue's
-    ResponseStream (workers/streamed.py), which publishes them in order and acks each request
-    with its final one."""
+    ResponseStream (workers/answers/streamed.py), which publishes them in order and acks each
+    request with its final one."""
 
     def send_tensors(
         self,
@@ -130,11 +130,12 @@ class Prompt:
 
 @runtime_checkable
 class GenerativeModel(Protocol):
-    """sluice's generative contract (docs/models.md; workers/generation.py runs it)."""
+    """sluice's generative contract (docs/models.md; workers/generation/generation.py runs it)."""
 
     def prefill(self, prompts: Sequence[Prompt]) -> Any: ...
 
-    #: outputs None: the model answered its requests itself (workers/triton_iterative.py).
+    #: outputs None: the model answered its requests itself
+    #: (workers/python_backend/iterative.py).
     def step(self, state: Any) -> tuple[Mapping[str, Any] | None, Sequence[bool]]: ...
 
     def join(self, state: Any, joining: Any) -> Any: ...

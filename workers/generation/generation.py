@@ -8,12 +8,12 @@ rows ended, e.g. on a stop token), and `join(state, joining) -> state` / `keep(s
 if defined, counts a prompt against the token budget. The state is the model's own (a KV
 cache, a recurrent state): it stays on this worker between iterations.
 
-Before every step the scheduler (workers/inflight.py) says who leaves and who joins. Every
-step's token goes out at once as a response of its own; a sequence's last one is final: the
-model's stop, or the request's `max_tokens` (else the model's MAX_TOKENS parameter). A
-cancelled sequence gets a final CANCELLED error. A failing prefill fails only the sequences
-that were joining; a failing step, join or keep, every running one (their state is lost with
-it). Every call into the model runs off the event loop (`run`: the instance's thread).
+Before every step the scheduler (workers/generation/inflight.py) says who leaves and who joins.
+Every step's token goes out at once as a response of its own; a sequence's last one is final: the
+model's stop, or the request's `max_tokens` (else the model's MAX_TOKENS parameter). A cancelled
+sequence gets a final CANCELLED error. A failing prefill fails only the sequences that were joining;
+a failing step, join or keep, every running one (their state is lost with it). Every call into the
+model runs off the event loop (`run`: the instance's thread).
 """
 
 from __future__ import annotations
@@ -29,19 +29,15 @@ from sluice.shared.datatypes import NUMPY_DTYPE, deserialize_bytes_elements
 from sluice.shared.errors import Cancelled, InvalidInput, ModelExecutionError, SluiceError
 from sluice.shared.model_config import ModelSpec
 from sluice.shared.protocol import Request
-from sluice.workers.generation_stats import GenerationStats
-from sluice.workers.inflight import InflightScheduler, Iteration
-from sluice.workers.inflight import Sequence as Running
-from sluice.workers.instance import (
-    Batch,
-    BatchOutputs,
-    BatchTiming,
-    Capabilities,
+from sluice.workers.generation.generation_stats import GenerationStats
+from sluice.workers.generation.inflight import InflightScheduler, Iteration
+from sluice.workers.generation.inflight import Sequence as Running
+from sluice.workers.instances.model_instance import (
     GenerativeModel,
     Prompt,
     Responses,
 )
-from sluice.workers.stacked import split
+from sluice.workers.instances.stacked import split
 
 X = TypeVar("X")
 
@@ -51,39 +47,6 @@ MAX_TOKENS = "max_tokens"
 MAX_TOKENS_PARAMETER = "MAX_TOKENS"
 DEFAULT_MAX_TOKENS = 256
 CANCELLED = "Request was cancelled: the client disconnected"
-
-
-class GenerativeInstance:
-    """A generative model as an instance lane holds it: the in-flight loop steps it
-    (workers/inflight_loop.py), never a batch."""
-
-    #: it streams each request's responses itself, and a run has effects: the state.
-    capabilities = Capabilities(answers_each=True, may_run_early=False, generative=True)
-
-    def __init__(
-        self,
-        model_for: Callable[[Responses], GenerativeModel],
-        close: Callable[[], None],
-        name: str,
-    ) -> None:
-        """`model_for(responses)`: the model, its responses going to `responses`;
-        `close`: lets it go (a Triton Python model's `finalize()`)."""
-        self._model_for = model_for
-        self._close = close
-        self._name = name
-
-    def run(self, batch: Batch) -> BatchOutputs:
-        """A batch is not how a generative model runs: each request gets the error."""
-        error = ModelExecutionError(
-            f"model '{self._name}': a generative model runs only through its in-flight loop"
-        )
-        return [error for _ in batch.requests], BatchTiming()
-
-    def generative_model(self, responses: Responses) -> GenerativeModel:
-        return self._model_for(responses)
-
-    def close(self) -> None:
-        self._close()
 
 
 def prompt_of(request: Request) -> Prompt:

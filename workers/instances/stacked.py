@@ -6,7 +6,7 @@ A plain tensor function (TorchScript, ONNX, TF, OpenVINO, FIL, TensorRT, .pt2, a
 outputs. Inputs are stacked with a single `np.concatenate` per input (the only copy on the way
 in); outputs go back as views into the model's own output buffer, cut at each request's rows.
 On a CUDA instance the inputs are stacked into its pinned buffers and the outputs come back
-through its stream instead (`sluice.workers.cuda_staging`).
+through its stream instead (`sluice.workers.devices.cuda_staging`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from sluice.shared.datatypes import (
 from sluice.shared.errors import ModelExecutionError
 from sluice.shared.model_config import ModelSpec
 from sluice.shared.protocol import Request, Tensor
-from sluice.workers.cuda_staging import CudaStaging, stack_into
-from sluice.workers.instance import (
+from sluice.workers.devices.cuda_staging import CudaStaging, stack_into
+from sluice.workers.instances.model_instance import (
     Batch,
     BatchOutputs,
     BatchTiming,

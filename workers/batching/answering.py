@@ -17,13 +17,13 @@ from sluice.shared.errors import SluiceError, error_from_code
 from sluice.shared.idle_poll import IdlePoll
 from sluice.shared.protocol import Request, Result
 from sluice.shared.stats import BatchStats, failure_increments
-from sluice.workers.early_run import Early
-from sluice.workers.instance import BatchOutputs
-from sluice.workers.instances import Instances
-from sluice.workers.pending import Queued
-from sluice.workers.publisher import Publisher
-from sluice.workers.queue_state import Launch, QueueState
-from sluice.workers.streamed import ResponseStream
+from sluice.workers.answers.publisher import Publisher
+from sluice.workers.answers.streamed import ResponseStream
+from sluice.workers.batching.early_run import Early
+from sluice.workers.batching.pending import Queued
+from sluice.workers.batching.queue_state import Launch, QueueState
+from sluice.workers.instances.lanes import Instances
+from sluice.workers.instances.model_instance import BatchOutputs
 
 
 class Answering:

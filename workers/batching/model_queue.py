@@ -18,20 +18,20 @@ from sluice.shared import keys
 from sluice.shared.idle_poll import DEFAULT_WINDOW_US, IdlePoll
 from sluice.shared.model_config import ModelSpec
 from sluice.shared.supervision import Supervisor
-from sluice.workers.admission import Admission
-from sluice.workers.answering import Answering
-from sluice.workers.batch_loop import BatchLoop
-from sluice.workers.batcher import BatchRules
-from sluice.workers.early_run import EarlyRuns
-from sluice.workers.inflight_loop import InflightLoop
-from sluice.workers.instance import Capabilities, ModelInstance
-from sluice.workers.instances import Instances
-from sluice.workers.publisher import Publisher
-from sluice.workers.queue_state import QueueState
-from sluice.workers.reader import StreamReader
-from sluice.workers.recovery import Recovery, RecoveryPolicy
-from sluice.workers.streamed import ResponseStream
-from sluice.workers.takeover import Takeover
+from sluice.workers.answers.publisher import Publisher
+from sluice.workers.answers.streamed import ResponseStream
+from sluice.workers.batching.admission import Admission
+from sluice.workers.batching.answering import Answering
+from sluice.workers.batching.batch_loop import BatchLoop
+from sluice.workers.batching.batcher import BatchRules
+from sluice.workers.batching.early_run import EarlyRuns
+from sluice.workers.batching.queue_state import QueueState
+from sluice.workers.batching.reader import StreamReader
+from sluice.workers.generation.inflight_loop import InflightLoop
+from sluice.workers.instances.lanes import Instances
+from sluice.workers.instances.model_instance import Capabilities, ModelInstance
+from sluice.workers.recovery.recovery import Recovery, RecoveryPolicy
+from sluice.workers.recovery.takeover import Takeover
 
 
 def batch_rules(spec: ModelSpec, default_delay_mode: str = "fixed") -> BatchRules:

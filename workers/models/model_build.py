@@ -21,8 +21,8 @@ from sluice.shared.redis_client import AsyncClient
 from sluice.shared.repository import ModelEntry, scan_model, scan_repository
 from sluice.shared.repository_control import DesiredModel, model_name_problem, read_files
 from sluice.workers.backends import instance_devices, load_instance
-from sluice.workers.instance import ModelInstance
-from sluice.workers.override_files import OverrideDirectory
+from sluice.workers.instances.model_instance import ModelInstance
+from sluice.workers.models.override_files import OverrideDirectory
 
 log = logging.getLogger(__name__)
 

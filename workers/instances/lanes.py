@@ -1,12 +1,12 @@
 """A model's instances inside a worker: where a batch runs, and who answers for a failure.
 
-Each instance (a lane) runs on a thread of its own, so the worker's event loop keeps reading
-and publishing while the model runs; a batch may also run right on the loop when nothing
-else could use it meanwhile (see `sluice.workers.batcher.runs_inline`). When the model raises on a
-batch, the halves are run again until only the request that fails is answered with the
-error. A Triton Python model answers for each request itself (an exception from its `execute`
-fails that call's requests, as in Triton): it is never split, and never runs on the loop, where
-a BLS call waiting on a model of this same worker would hold up the loop that serves it.
+Each instance (a lane) runs on a thread of its own, so the worker's event loop keeps reading and
+publishing while the model runs; a batch may also run right on the loop when nothing else could use
+it meanwhile (see `sluice.workers.batching.batcher.runs_inline`). When the model raises on a batch,
+the halves are run again until only the request that fails is answered with the error. A Triton
+Python model answers for each request itself (an exception from its `execute` fails that call's
+requests, as in Triton): it is never split, and never runs on the loop, where a BLS call waiting on
+a model of this same worker would hold up the loop that serves it.
 
 Starting a batch on a lane's thread hands it the GIL: the loop waits (GIL released) until the
 thread has stacked the inputs and calls the model, which runs without the GIL. Left to
@@ -29,8 +29,9 @@ from sluice.shared.model_config import ModelSpec
 from sluice.shared.protocol import Request, Result
 from sluice.shared.stats import BatchStats
 from sluice.workers.backends import instance_devices
-from sluice.workers.cuda_staging import CudaStaging
-from sluice.workers.instance import (
+from sluice.workers.devices.cuda_staging import CudaStaging
+from sluice.workers.devices.stage_ahead import StageAhead
+from sluice.workers.instances.model_instance import (
     Answer,
     Answered,
     Batch,
@@ -39,7 +40,6 @@ from sluice.workers.instance import (
     ModelInstance,
     Responses,
 )
-from sluice.workers.stage_ahead import StageAhead
 
 log = logging.getLogger(__name__)
 

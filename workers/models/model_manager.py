@@ -4,7 +4,7 @@ At start the worker loads what its control mode says (every model, or `--load-mo
 the fleet's desired state (shared/repository_control.py) or, in poll mode, the repository's
 own changes drive each model through LOADING, READY, UNLOADING and UNAVAILABLE, one change at
 a time per model, reported in the heartbeat with the generation applied. Making each change
-(a load, a reload, an unload) is workers/served_models.py's.
+(a load, a reload, an unload) is workers/models/served_models.py's.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 from sluice.shared.redis_client import REDIS_ERRORS
 from sluice.shared.repository import fingerprint, model_names
 from sluice.shared.repository_control import DesiredModel, model_name_problem
-from sluice.workers.served_models import ServedModels
+from sluice.workers.models.served_models import ServedModels
 
 log = logging.getLogger(__name__)
 

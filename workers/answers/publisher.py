@@ -1,6 +1,6 @@
 """Answering: results to each gateway's reply stream, then ack + delete + statistics.
 
-An ensemble step's result goes on instead (workers/ensemble_steps.py): its commands lead
+An ensemble step's result goes on instead (workers/answers/ensemble_steps.py): its commands lead
 the same pipeline, so they reach Redis before the step's entry is acknowledged.
 
 One pipeline per batch: an XADD per gateway with requests in the batch, then, per request
@@ -39,9 +39,9 @@ from sluice.shared.redis_client import (
 )
 from sluice.shared.redis_wire import Command, Wire, xadd
 from sluice.shared.stats import FINISH_BATCH, add_increments, stats_record
-from sluice.workers.ensemble_steps import Outgoing, continue_steps
-from sluice.workers.pending import Queued
-from sluice.workers.refused_results import REFUSED, answer_command, refused_answers
+from sluice.workers.answers.ensemble_steps import Outgoing, continue_steps
+from sluice.workers.answers.refused_results import REFUSED, answer_command, refused_answers
+from sluice.workers.batching.pending import Queued
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class Publisher:
         defer_statistics: bool = False,
     ) -> None:
         """Reply to each gateway, then ack the fully answered entries, in one round trip. A
-        streamed response that is not final (workers/streamed.py) answers nothing yet.
+        streamed response that is not final (workers/answers/streamed.py) answers nothing yet.
 
         `defer_statistics`: more work is in hand, so the statistics may join a later call's.
         """
@@ -239,7 +239,7 @@ class Publisher:
         self, by_route: dict[str, list[Result]], replies: list[Any], onward: list[Outgoing]
     ) -> Exception | None:
         """Answer each request whose result (or next ensemble step) Redis refused for memory
-        with an error instead (workers/refused_results.py); the first other error reply,
+        with an error instead (workers/answers/refused_results.py); the first other error reply,
         which the caller raises."""
         waiting: dict[str, list[str]] = defaultdict(list)
         for index, outgoing in enumerate(onward):

@@ -13,13 +13,13 @@ Per instance (lane), on a CUDA device:
   until published, which may be after this lane's next batch; torch's caching host allocator
   recycles them once let go.
 
-Overlap: each lane runs its batches on a thread of its own (`sluice.workers.instances`) and on a
-stream of its own, so while one lane's batch computes, another lane's thread stacks the next
-batch and enqueues its copy, which the GPU's copy engine runs beside the first stream's kernels.
-One instance gets its overlap from the batch loop: while every lane computes and the next batch
-is already full, its inputs are copied ahead on a stream of their own
-(`sluice.workers.stage_ahead`), and the lane that takes that batch waits for the copy's event
-instead of copying. The pinned input buffers are safe to refill at a lane's next batch because
+Overlap: each lane runs its batches on a thread of its own (`sluice.workers.instances.lanes`) and on
+a stream of its own, so while one lane's batch computes, another lane's thread stacks the next batch
+and enqueues its copy, which the GPU's copy engine runs beside the first stream's kernels. One
+instance gets its overlap from the batch loop: while every lane computes and the next batch is
+already full, its inputs are copied ahead on a stream of their own
+(`sluice.workers.devices.stage_ahead`), and the lane that takes that batch waits for the copy's
+event instead of copying. The pinned input buffers are safe to refill at a lane's next batch because
 its last batch ended with the stream's synchronize, after its copies.
 
 On a CPU device none of this runs (`torch.empty(pin_memory=True)` needs CUDA): the inputs are

@@ -1,11 +1,11 @@
 """Forming one model's batches: judge what is in hand, launch a batch or sleep until due.
 
-The decision is `QueueState.decide` (the pure `next_batch`, after Triton's GetDynamicBatch);
-this loop does the waiting: exactly as long as it says, or until the next request times out,
-or until a request arrives or a lane frees. While every lane is busy, it has the inputs of a full
-next batch made ahead (`sluice.workers.stage_ahead`, on a GPU); while no request joins the
-batches that wait, a lone batch runs as its delay runs out (`sluice.workers.early_run`). Neither
-changes a batch.
+The decision is `QueueState.decide` (the pure `next_batch`, after Triton's GetDynamicBatch); this
+loop does the waiting: exactly as long as it says, or until the next request times out, or until a
+request arrives or a lane frees. While every lane is busy, it has the inputs of a full next batch
+made ahead (`sluice.workers.devices.stage_ahead`, on a GPU); while no request joins the batches that
+wait, a lone batch runs as its delay runs out (`sluice.workers.batching.early_run`). Neither changes
+a batch.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import contextlib
 import time
 from collections.abc import Callable
 
-from sluice.workers.answering import Answering
-from sluice.workers.batcher import Send
-from sluice.workers.early_run import EarlyRuns
-from sluice.workers.instances import Instances
-from sluice.workers.queue_state import QueueState
-from sluice.workers.reader import StreamReader
+from sluice.workers.batching.answering import Answering
+from sluice.workers.batching.batcher import Send
+from sluice.workers.batching.early_run import EarlyRuns
+from sluice.workers.batching.queue_state import QueueState
+from sluice.workers.batching.reader import StreamReader
+from sluice.workers.instances.lanes import Instances
 
 
 class BatchLoop:

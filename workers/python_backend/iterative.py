@@ -1,6 +1,6 @@
 """Triton's in-flight batching for Python models: a decoupled `TritonPythonModel` under
 `sequence_batching { iterative_sequence: true }`, driven by the same generation loop as
-sluice's own generative contract (workers/generation.py).
+sluice's own generative contract (workers/generation/generation.py).
 
 Every iteration calls `execute` with the instance's running requests, the joining ones after
 those kept. The model answers through each request's response sender, and calls
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sluice.shared.errors import ModelExecutionError
-from sluice.workers.instance import Prompt, Responses
+from sluice.workers.instances.model_instance import Prompt, Responses
 from sluice.workers.python_backend.instance import TritonInstance
 from sluice.workers.python_backend.messages import (
     RELEASE_ALL,

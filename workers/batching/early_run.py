@@ -23,10 +23,10 @@ import logging
 import time
 from dataclasses import dataclass
 
-from sluice.workers.instance import BatchOutputs
-from sluice.workers.instances import Instances
-from sluice.workers.pending import Queued
-from sluice.workers.queue_state import QueueState
+from sluice.workers.batching.pending import Queued
+from sluice.workers.batching.queue_state import QueueState
+from sluice.workers.instances.lanes import Instances
+from sluice.workers.instances.model_instance import BatchOutputs
 
 log = logging.getLogger(__name__)
 

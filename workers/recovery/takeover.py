@@ -15,12 +15,12 @@ import time
 
 from sluice.shared.protocol import ProtocolError, Result, decode_requests
 from sluice.shared.redis_client import REDIS_ERRORS
-from sluice.workers.admission import Admission, Rejected
-from sluice.workers.answering import Answering
-from sluice.workers.batcher import Pending
-from sluice.workers.pending import Queued
-from sluice.workers.queue_state import QueueState
-from sluice.workers.recovery import STALE_CONSUMER_PERIODS, Claimed, Recovery
+from sluice.workers.batching.admission import Admission, Rejected
+from sluice.workers.batching.answering import Answering
+from sluice.workers.batching.batcher import Pending
+from sluice.workers.batching.pending import Queued
+from sluice.workers.batching.queue_state import QueueState
+from sluice.workers.recovery.recovery import STALE_CONSUMER_PERIODS, Claimed, Recovery
 
 log = logging.getLogger(__name__)
 

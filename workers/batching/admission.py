@@ -18,11 +18,11 @@ from sluice.shared.protocol import ProtocolError, Request, Result, decode_reques
 from sluice.shared.queue_policy import deadline_us
 from sluice.shared.redis_wire import stream_entries
 from sluice.shared.signature import validate_inputs
-from sluice.workers.answering import Answering
-from sluice.workers.batcher import Pending
-from sluice.workers.instances import Instances
-from sluice.workers.pending import Queued
-from sluice.workers.queue_state import QueueState
+from sluice.workers.batching.answering import Answering
+from sluice.workers.batching.batcher import Pending
+from sluice.workers.batching.pending import Queued
+from sluice.workers.batching.queue_state import QueueState
+from sluice.workers.instances.lanes import Instances
 
 log = logging.getLogger(__name__)
 

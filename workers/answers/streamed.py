@@ -22,9 +22,9 @@ import torch
 from sluice.shared.errors import SluiceError
 from sluice.shared.model_config import ModelSpec
 from sluice.shared.protocol import Request, ResponseParameter, Result, Tensor
-from sluice.workers.pending import Queued
-from sluice.workers.publisher import Publisher
-from sluice.workers.stacked import output_tensor
+from sluice.workers.answers.publisher import Publisher
+from sluice.workers.batching.pending import Queued
+from sluice.workers.instances.stacked import output_tensor
 
 #: a streamed response's outputs by name, as a model hands them over.
 Outputs = Mapping[str, np.ndarray | torch.Tensor]

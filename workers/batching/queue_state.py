@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from sluice.shared.errors import SluiceError
-from sluice.workers.batcher import (
+from sluice.workers.batching.batcher import (
     INLINE_RUN_LIMIT_NS,
     ArrivalGap,
     BatchRules,
@@ -31,7 +31,7 @@ from sluice.workers.batcher import (
     next_batch,
     runs_inline,
 )
-from sluice.workers.pending import PendingQueue, Queued
+from sluice.workers.batching.pending import PendingQueue, Queued
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +66,7 @@ class QueueState:
         #: a lane freed since the batch loop last looked (read what queued up meanwhile).
         self.lane_freed_since_look = False
         self.batches_done = 0
-        #: sequences an iterative model runs or holds (workers/inflight_loop.py).
+        #: sequences an iterative model runs or holds (workers/generation/inflight_loop.py).
         self.sequences = 0
         self.room = asyncio.Event()
         self.wake = asyncio.Event()
@@ -194,7 +194,7 @@ class QueueState:
         return [self.pending.items[i] for i in decision.indices]
 
     def lane_lent(self) -> int:
-        """A free lane runs a batch not yet formed (`workers/early_run.py`); it comes back
+        """A free lane runs a batch not yet formed (`workers/batching/early_run.py`); it comes back
         through `batch_finished`."""
         lane = self.free_lanes.pop()
         self._settle()

@@ -6,7 +6,7 @@ pipeline, ahead of the ack), so a worker killed before the ack leaves the step t
 and run again, never lost. Steps fed by this one alone get their request at once; steps that
 join several producers go through the request's join state (one JOIN call per request, all in
 one round trip). A failed step answers the gateway with its error at once, and so does one whose
-join state or next request Redis refuses for memory (workers/refused_results.py).
+join state or next request Redis refuses for memory (workers/answers/refused_results.py).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from sluice.shared.ensemble_wire import (
 from sluice.shared.protocol import Request, Result, Tensor, encode_requests, encode_results
 from sluice.shared.redis_client import out_of_memory
 from sluice.shared.redis_wire import Command, Wire, xadd
-from sluice.workers.refused_results import refused_answers
+from sluice.workers.answers.refused_results import refused_answers
 
 #: the error of a step that did not return an output the ensemble maps.
 MISSING_OUTPUT = "INTERNAL"

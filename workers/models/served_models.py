@@ -1,19 +1,19 @@
 """The models a worker serves and the changes between them: load, reload, unload.
 
-Which change to make, and when, is workers/model_manager.py's; this makes each one:
+Which change to make, and when, is workers/models/model_manager.py's; this makes each one:
 
 - A load builds the model (files read and instances made on a thread, so the loop keeps
   serving) and starts its queue; a reload starts the new queue first, then stops the old one,
   which finishes what it holds while the new one reads what is left in the streams. What the
-  old one's cancelled read had taken is handed back (workers/handoff.py). A failed reload
+  old one's cancelled read had taken is handed back (workers/recovery/handoff.py). A failed reload
   leaves the old queue serving, as Triton keeps the old version.
 - An unload stops taking new requests at the gateways (they see UNLOADING or the desired
   state) and finishes the requests already queued: the queue keeps reading until the streams
-  hold nothing undelivered and at least UNLOAD_SETTLE_S has passed (workers/retirement.py:
+  hold nothing undelivered and at least UNLOAD_SETTLE_S has passed (workers/recovery/retirement.py:
   every gateway has seen the unload by then), runs what it holds, and stops; the model's
   instances are shut down.
 
-Building a model from its files is workers/model_build.py's.
+Building a model from its files is workers/models/model_build.py's.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from sluice.shared.redis_client import AsyncClient
 from sluice.shared.registry import LOADING, READY, UNAVAILABLE, UNLOADING, ModelStatus
 from sluice.shared.repository import ModelEntry, fingerprint
 from sluice.shared.repository_control import DesiredModel, model_name_problem
-from sluice.workers.model_build import (
+from sluice.workers.batching.model_queue import ModelQueue
+from sluice.workers.models.model_build import (
     ENSEMBLE_KIND,
     Loaded,
     build,
@@ -40,9 +41,8 @@ from sluice.workers.model_build import (
     entries_at_start,
     load_model,
 )
-from sluice.workers.model_queue import ModelQueue
-from sluice.workers.override_files import OverrideDirectory
-from sluice.workers.retirement import drained, release
+from sluice.workers.models.override_files import OverrideDirectory
+from sluice.workers.recovery.retirement import drained, release
 
 log = logging.getLogger(__name__)
 

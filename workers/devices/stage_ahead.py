@@ -20,8 +20,8 @@ from collections.abc import Sequence
 import torch
 from sluice.shared.model_config import ModelSpec
 from sluice.shared.protocol import Request
-from sluice.workers.cuda_staging import CudaStaging, Staged
-from sluice.workers.stacked import collate
+from sluice.workers.devices.cuda_staging import CudaStaging, Staged
+from sluice.workers.instances.stacked import collate
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """A model queue leaving service: an unload waits for its streams to drain, and a retired
-queue's reader is closed and its unseen entries handed back (workers/handoff.py)."""
+queue's reader is closed and its unseen entries handed back (workers/recovery/handoff.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 from sluice.shared.redis_client import REDIS_ERRORS, AsyncClient
 from sluice.shared.registry import HEARTBEAT_INTERVAL_S
-from sluice.workers.handoff import hand_back, undelivered
-from sluice.workers.model_queue import ModelQueue
+from sluice.workers.batching.model_queue import ModelQueue
+from sluice.workers.recovery.handoff import hand_back, undelivered
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from sluice.shared.errors import SluiceError, Unavailable
 from sluice.shared.protocol import Request
-from sluice.workers.batcher import Pending
+from sluice.workers.batching.batcher import Pending
 
 
 @dataclass(slots=True)

@@ -1,14 +1,13 @@
 """An iterative model's queue loop: requests in hand join its instances' running sets, and
 every instance steps its sequences until they end (in place of the batch loop).
 
-A model is iterative when its config says `sequence_batching { iterative_sequence: true }`
-(Triton's in-flight batching) and its `model.py` has sluice's generative contract
-(workers/generation.py). Each instance runs its own `Generation`; the requests the reader put
-in hand go, in the queue's order, to the instance of their version with the most room, only
-as many as join at its next iteration, so the reader reads on (a batch's worth ahead) while
-the others stay in the streams for other workers. Responses go through the model queue's
-`ResponseStream`, which acks each request with its final one; the generation statistics go
-with the queue's others.
+A model is iterative when its config says `sequence_batching { iterative_sequence: true }` (Triton's
+in-flight batching) and its `model.py` has sluice's generative contract
+(workers/generation/generation.py). Each instance runs its own `Generation`; the requests the reader
+put in hand go, in the queue's order, to the instance of their version with the most room, only as
+many as join at its next iteration, so the reader reads on (a batch's worth ahead) while the others
+stay in the streams for other workers. Responses go through the model queue's `ResponseStream`,
+which acks each request with its final one; the generation statistics go with the queue's others.
 """
 
 from __future__ import annotations
@@ -23,15 +22,15 @@ from typing import Any
 import torch
 from sluice.shared.errors import SluiceError
 from sluice.shared.model_config import ModelSpec
-from sluice.workers.answering import Answering
-from sluice.workers.generation import Generation
-from sluice.workers.generation_stats import GenerationStats
-from sluice.workers.inflight import InflightScheduler, Limits
-from sluice.workers.instance import GenerativeModel, ModelInstance
-from sluice.workers.instances import Instances, adopt_torch_threads
-from sluice.workers.pending import Queued
-from sluice.workers.queue_state import QueueState
-from sluice.workers.streamed import ResponseStream
+from sluice.workers.answers.streamed import ResponseStream
+from sluice.workers.batching.answering import Answering
+from sluice.workers.batching.pending import Queued
+from sluice.workers.batching.queue_state import QueueState
+from sluice.workers.generation.generation import Generation
+from sluice.workers.generation.generation_stats import GenerationStats
+from sluice.workers.generation.inflight import InflightScheduler, Limits
+from sluice.workers.instances.lanes import Instances, adopt_torch_threads
+from sluice.workers.instances.model_instance import GenerativeModel, ModelInstance
 
 #: the model parameter that sets an iteration's token budget (0 or absent: none).
 TOKEN_BUDGET = "MAX_NUM_BATCHED_TOKENS"
