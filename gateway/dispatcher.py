@@ -60,7 +60,7 @@ def _ignore_failure(task: asyncio.Future[Any]) -> None:
 
 
 #: a streamed request's responses held at most for a client that does not read them.
-DEFAULT_MAX_HELD_RESPONSE_BYTES = 64 << 20
+DEFAULT_STREAM_MAX_HELD_BYTES = 64 << 20
 
 
 class Dispatcher:
@@ -72,11 +72,11 @@ class Dispatcher:
         idle_poll_us: int = DEFAULT_WINDOW_US,
         outage: OutagePolicy | None = None,
         clock_s: Callable[[], float] = time.monotonic,
-        max_held_response_bytes: int = DEFAULT_MAX_HELD_RESPONSE_BYTES,
+        stream_max_held_bytes: int = DEFAULT_STREAM_MAX_HELD_BYTES,
     ) -> None:
         self.redis = redis
         #: bytes of one streamed request's responses held for its client (ResponseOrder).
-        self.max_held_response_bytes = max_held_response_bytes
+        self.stream_max_held_bytes = stream_max_held_bytes
         self.outage: Outage[Route] = Outage(self, outage or OutagePolicy(), clock_s)
         #: the hot path's commands on connections of their own: sends, and the reply read.
         self._sends = Wire(redis, self.outage.check_server)
@@ -173,10 +173,10 @@ class Dispatcher:
         """Queue `request` and yield its responses in order, each once, until the final one
         (a decoupled model's zero or more; an ordinary model's one answer). `timeout_s` bounds
         the wait for each response. Leaving before the final response cancels the request, and
-        so does a consumer that lets more than `max_held_response_bytes` of them wait."""
+        so does a consumer that lets more than `stream_max_held_bytes` of them wait."""
         loop = asyncio.get_running_loop()
         stop = partial(self._tell_workers, route.model, request.id)
-        order = ResponseOrder(self.max_held_response_bytes, stop)
+        order = ResponseOrder(self.stream_max_held_bytes, stop)
         self.streams[request.id] = order
         future = self._queue(route, request)
         future.add_done_callback(partial(_wake_stream, order))
@@ -192,7 +192,7 @@ class Dispatcher:
                     timer.cancel()
                 order.wake.clear()
                 if order.overflowed:
-                    raise Unavailable(_unread(self.max_held_response_bytes))
+                    raise Unavailable(_unread(self.stream_max_held_bytes))
                 while order.ready:
                     response = order.take()
                     ended = response.final

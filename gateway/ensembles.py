@@ -81,7 +81,7 @@ class Ensembles:
     ) -> Result:
         """Run the ensemble request and return its answer (or the first step's error)."""
         plan = self.plan(view)
-        started = time.time_ns()
+        started_ns = time.time_ns()
         request_id = self.dispatcher.new_request_id()
         levels = tuple(
             self.table.get(s.model).queue_policy.level_of(parameters) for s in plan.steps
@@ -90,12 +90,12 @@ class Ensembles:
         ttl_ms = int(timeout_s * 1000) + STATE_GRACE_MS
         reply_to = self.dispatcher.reply_stream
         cont = Continuation(plan, CLIENT, reply_to, requested, levels, ttl_ms)
-        parent = Request(request_id, 0, started, reply_to, [], None, parameters)
+        parent = Request(request_id, 0, started_ns, reply_to, [], None, parameters)
         tensors = {t.name: t for t in parsed.inputs}
         first, *others = plan.sources()
         sends: list[Any] = []
         for step in others:
-            stream, request = step_request(parent, cont, step, tensors, started)
+            stream, request = step_request(parent, cont, step, tensors, started_ns)
             sends.append(xadd(stream, encode_requests([request])))
         if sends:
             pipe = self.dispatcher.redis.pipeline(transaction=False)
@@ -106,7 +106,7 @@ class Ensembles:
             except REDIS_ERRORS as exc:  # out of memory: Redis refuses every one of them
                 unreachable = "queue unavailable"
                 raise redis_failure(exc, "request not queued", unreachable, RETRY_AFTER_S) from None
-        _, request = step_request(parent, cont, first, tensors, started)
+        _, request = step_request(parent, cont, first, tensors, started_ns)
         composing = self.table.get(plan.steps[first].model)
         assert composing.signature is not None
         # steps are outside max_queue_size: the workers that send the next steps cannot
@@ -122,28 +122,28 @@ class Ensembles:
         try:
             result = await self.dispatcher.submit(route, request, timeout_s, False, timeout_message)
         except SluiceError:
-            self._record(view, version, parsed, started, ok=False)
+            self._record(view, version, parsed, started_ns, ok=False)
             raise
         finally:
             if client_gone is not None:
                 client_gone.remove_done_callback(cancel)
-        self._record(view, version, parsed, started, ok=result.error is None)
+        self._record(view, version, parsed, started_ns, ok=result.error is None)
         return result
 
     def _record(
-        self, view: ModelView, version: int, parsed: ParsedInfer, started: int, ok: bool
+        self, view: ModelView, version: int, parsed: ParsedInfer, started_ns: int, ok: bool
     ) -> None:
         """The ensemble's statistics: one request, its time counted as compute (Triton sums
         its steps' compute into the ensemble's and reports a queue time of about 0)."""
         sig = view.signature
-        elapsed = max(0, time.time_ns() - started)
+        elapsed_ns = max(0, time.time_ns() - started_ns)
         batch = validate_inputs(sig, parsed.inputs) if sig is not None else 1
-        stats = BatchStats(version, batch, started // 1_000_000)
+        stats = BatchStats(version, batch, started_ns // 1_000_000)
         stats.requests_ok, stats.requests_failed = (1, 0) if ok else (0, 1)
         stats.failure_reason = "OTHER"
         stats.queue_samples_ns = [0]
-        stats.request_samples_ns = [elapsed]
-        stats.infer_ns = elapsed
+        stats.request_samples_ns = [elapsed_ns]
+        stats.infer_ns = elapsed_ns
         record = stats_record(stats.increments())
         log_key = keys.model_stats_log(view.name)
         task = asyncio.ensure_future(self.dispatcher.redis.rpush(log_key, record))

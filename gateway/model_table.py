@@ -150,7 +150,7 @@ class ModelTable:
         self.on_unloaded = on_unloaded
         self.on_depths = on_depths
         self.background_up = background_up
-        self._last_ok = 0.0
+        self._last_ok_s = 0.0
         self._reachable = False
 
     def get(self, name: str) -> ModelView:
@@ -176,7 +176,7 @@ class ModelTable:
     def reachable(self) -> bool:
         """False from the first failed refresh until one succeeds: the gateway then reports
         not ready, so that balancers prefer others while it holds its requests."""
-        return self._reachable and time.monotonic() - self._last_ok < 3 * HEARTBEAT_INTERVAL_S
+        return self._reachable and time.monotonic() - self._last_ok_s < 3 * HEARTBEAT_INTERVAL_S
 
     async def refresh(self) -> None:
         me = Member(
@@ -208,7 +208,7 @@ class ModelTable:
             for view in self.models.values():
                 if view.withdrawn and view.state == UNAVAILABLE:
                     self.on_unloaded(view.name)
-            self._last_ok = time.monotonic()
+            self._last_ok_s = time.monotonic()
             self._reachable = True
             self.refreshed.set()
 

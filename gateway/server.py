@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 #: of the drain timeout, at most this goes to writing the errors of requests still in flight
 #: at its end, and as much again to leaving Redis.
 ANSWER_S = 1.0
+#: how often readiness is checked again while no model-table refresh comes.
+READY_RECHECK_S = 1.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,7 +91,7 @@ async def serve_gateway(
         gateway_id,
         config.idle_poll_us,
         config.outage,
-        max_held_response_bytes=config.stream_max_held_bytes,
+        stream_max_held_bytes=config.stream_max_held_bytes,
     )
     supervisor = Supervisor()
     table = ModelTable(
@@ -193,5 +195,5 @@ async def _announce_ready(
     while not (table.ready and workers_up(table.members)):
         table.refreshed.clear()
         with contextlib.suppress(TimeoutError, *REDIS_ERRORS):
-            await asyncio.wait_for(table.refreshed.wait(), timeout=1.0)
+            await asyncio.wait_for(table.refreshed.wait(), timeout=READY_RECHECK_S)
     on_ready()

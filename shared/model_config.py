@@ -14,6 +14,7 @@ from typing import Any
 
 from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from sluice.shared.batch_delay import DELAY_MODES, BatchDelay
 from sluice.shared.config_view import ConfigView
 from sluice.shared.datatypes import config_to_wire
 from sluice.shared.errors import ModelConfigError
@@ -76,7 +77,6 @@ _THREAD_PARAMETERS = ("INTRA_OP_THREAD_COUNT", "INTER_OP_THREAD_COUNT")
 #: "adaptive" (opt-in) skips it while a model's requests arrive further apart than it.
 #: Absent: the server's --batch-delay, itself "fixed" unless set.
 DELAY_PARAMETER = "BATCH_DELAY"
-DELAY_MODES = ("fixed", "adaptive")
 _INT64_TYPES = frozenset(
     {
         FieldDescriptor.TYPE_INT64,
@@ -110,7 +110,7 @@ class BatchingPolicy:
     preferred_batch_sizes: tuple[int, ...]
     preserve_ordering: bool
     #: the model's own BATCH_DELAY ("fixed" or "adaptive"); None: the server's default.
-    delay_mode: str | None
+    delay_mode: BatchDelay | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,12 +411,15 @@ def _batching(cfg: ModelConfig, parameters: dict[str, str], err: _Errors) -> Bat
     )
 
 
-def _delay_mode(parameters: dict[str, str], err: _Errors) -> str | None:
+def _delay_mode(parameters: dict[str, str], err: _Errors) -> BatchDelay | None:
     mode = parameters.get(DELAY_PARAMETER)
-    if mode is not None and mode not in DELAY_MODES:
-        expected = " or ".join(f"'{m}'" for m in DELAY_MODES)
-        raise err(f"parameters.{DELAY_PARAMETER}", f"must be {expected}, got '{mode}'")
-    return mode
+    if mode is None:
+        return None
+    for known in DELAY_MODES:
+        if mode == known:
+            return known
+    expected = " or ".join(f"'{m}'" for m in DELAY_MODES)
+    raise err(f"parameters.{DELAY_PARAMETER}", f"must be {expected}, got '{mode}'")
 
 
 def _instances(cfg: ModelConfig, err: _Errors) -> tuple[int, str]:

@@ -118,14 +118,14 @@ async def load_fleet_wide(
             f"load failed for model '{name}': the fleet holds the 'file:' overrides of "
             f"{max_file_models} models already (--max-override-models); unload one first"
         ) from None
-    deadline = time.monotonic() + timeout_s
+    deadline_s = time.monotonic() + timeout_s
     while True:
         outcome = load_outcome(name, generation, await live_workers(redis), bool(files))
         if outcome.ready:
             return
         if outcome.reasons:
             raise InvalidInput(f"load failed for model '{name}': {'; '.join(outcome.reasons)}")
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= deadline_s:
             raise Unavailable(
                 f"load of model '{name}' not finished within {timeout_s:g}s; it goes on, see "
                 "POST /v2/repository/index"

@@ -131,7 +131,7 @@ class ModelRecord:
         return cls(view, list(record["versions"]), record["error"])
 
 
-def live_members(raw: Mapping[bytes, bytes], now: int) -> tuple[list[Member], list[bytes]]:
+def live_members(raw: Mapping[bytes, bytes], now_ms: int) -> tuple[list[Member], list[bytes]]:
     """Members with a fresh heartbeat, and the ids of stale ones to delete."""
     live, stale = [], []
     for member_id, blob in raw.items():
@@ -140,7 +140,7 @@ def live_members(raw: Mapping[bytes, bytes], now: int) -> tuple[list[Member], li
         except (ValueError, KeyError, TypeError):
             stale.append(member_id)
             continue
-        if now - member.heartbeat_ms > MEMBER_TTL_S * 1000:
+        if now_ms - member.heartbeat_ms > MEMBER_TTL_S * 1000:
             stale.append(member_id)
         else:
             live.append(member)

@@ -98,9 +98,9 @@ class WorkerPool:
     def running(self) -> list[int]:
         return [p.pid for p in list(self.processes.values()) if p.returncode is None]
 
-    async def stop(self, kill_at: float) -> None:
+    async def stop(self, kill_at_s: float) -> None:
         """SIGTERM every process (each drains within its own --drain-timeout-s); SIGKILL those
-        still running at `kill_at` (event-loop time)."""
+        still running at `kill_at_s` (event-loop time)."""
         self.stopping = True
         loop = asyncio.get_running_loop()
         for process in self.processes.values():
@@ -108,7 +108,7 @@ class WorkerPool:
                 process.send_signal(signal.SIGTERM)
         for process in self.processes.values():
             try:
-                await asyncio.wait_for(process.wait(), max(0.0, kill_at - loop.time()))
+                await asyncio.wait_for(process.wait(), max(0.0, kill_at_s - loop.time()))
             except TimeoutError:
                 log.warning("%s (pid %d) still draining: SIGKILL", self.name, process.pid)
                 process.kill()
@@ -137,7 +137,7 @@ async def _serve(settings: ServeSettings, gateway: GatewayConfig) -> None:
         pools.append(WorkerPool(settings.bulk_workers, JOBS_WORKER_ARGV, jobs))
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    stop_at: list[float] = []
+    stop_at_s: list[float] = []
 
     def kill_children() -> None:
         for pool in pools:
@@ -152,7 +152,7 @@ async def _serve(settings: ServeSettings, gateway: GatewayConfig) -> None:
     )
 
     def on_stop() -> None:
-        stop_at.append(loop.time())
+        stop_at_s.append(loop.time())
         stop.set()
 
     on_stop_signals(deadline, loop, on_stop)
@@ -170,8 +170,8 @@ async def _serve(settings: ServeSettings, gateway: GatewayConfig) -> None:
     try:
         await serve_gateway(gateway, on_ready=announce, stop=stop, workers_up=pools[0].up)
     finally:
-        kill_at = (stop_at[0] if stop_at else loop.time()) + drain_s + KILL_MARGIN_S
-        await asyncio.gather(*(pool.stop(kill_at) for pool in pools))
+        kill_at_s = (stop_at_s[0] if stop_at_s else loop.time()) + drain_s + KILL_MARGIN_S
+        await asyncio.gather(*(pool.stop(kill_at_s) for pool in pools))
 
 
 def _announce_locally(gateway: GatewayConfig, repository: Path) -> None:

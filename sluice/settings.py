@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
-from sluice.gateway.dispatcher import DEFAULT_MAX_HELD_RESPONSE_BYTES
+from sluice.gateway.dispatcher import DEFAULT_STREAM_MAX_HELD_BYTES
 from sluice.gateway.grpc_options import CompressionLevel, GrpcOptions
 from sluice.gateway.outage import OutagePolicy
 from sluice.gateway.restricted_apis import GRPC_HEADER_PREFIX, Restrictions, parse_restrictions
@@ -34,12 +34,13 @@ from sluice.options import (
 )
 from sluice.preflight import shown_url, unknown_scheme
 from sluice.secret_options import one_secret, with_password
+from sluice.shared.batch_delay import BatchDelay
 from sluice.shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DRAIN_TIMEOUT_HELP
 from sluice.shared.idle_poll import DEFAULT_WINDOW_US
 from sluice.shared.jobs import MAX_BULK_JOBS, MAX_JOBS
 from sluice.shared.repository_control import ControlMode, load_model_problem
 from sluice.workers.recovery.recovery import RecoveryPolicy
-from sluice.workers.worker_config import BatchDelay, WorkerConfig
+from sluice.workers.worker_config import WorkerConfig
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -214,7 +215,7 @@ class GatewayOptions(ProcessSettings, IdlePolling, ModelControl):
         check=at_least(1),
     )
     stream_max_held_bytes: int = option(
-        DEFAULT_MAX_HELD_RESPONSE_BYTES,
+        DEFAULT_STREAM_MAX_HELD_BYTES,
         help="Bytes of a streamed request's responses (gRPC stream, generate_stream) the gateway "
         "holds for a client that does not read them; past them the request is stopped and "
         "answered with an error.",

@@ -147,7 +147,9 @@ def test_gpu_sample_in_triton_units_with_energy_since_start() -> None:
 
 
 def test_device_sampler_thread_publishes_the_latest_sample() -> None:
-    sampler = DeviceSampler(0.01, CpuSampler(), GpuSampler(FakeNvml(), [GPU_A]), clock=lambda: 42)
+    sampler = DeviceSampler(
+        0.01, CpuSampler(), GpuSampler(FakeNvml(), [GPU_A]), clock_ms=lambda: 42
+    )
     sampler.start()
     try:
         wait_until(lambda: sampler.latest is not None, "a first sample", timeout_s=10)

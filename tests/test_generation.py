@@ -193,7 +193,7 @@ def test_a_failing_prompt_count_refuses_that_request_alone(tmp_path: Path) -> No
 def test_time_to_first_token_inter_token_latency_and_token_counts(tmp_path: Path) -> None:
     ticks = itertools.count(start=2_000_000, step=1_000_000)  # 1 ms per step
     stats = GenerationStats()
-    gen, _ = generation(tmp_path, Counter(), stats=stats, clock=lambda: next(ticks))
+    gen, _ = generation(tmp_path, Counter(), stats=stats, clock_ns=lambda: next(ticks))
     gen.submit(request("a", 3))  # enqueued at 0: first token at 2 ms
     run_until_idle(gen)
     increments = stats.take_increments()

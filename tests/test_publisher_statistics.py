@@ -36,7 +36,7 @@ def clock() -> Clock:
 
 @pytest.fixture
 async def publisher(redis: aioredis.Redis, clock: Clock) -> AsyncIterator[Publisher]:
-    publisher = Publisher(redis, "m", set(), clock=clock)
+    publisher = Publisher(redis, "m", set(), clock_s=clock)
     yield publisher
     await publisher.close()
 

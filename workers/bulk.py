@@ -183,12 +183,12 @@ class BulkFeeder:
         if room <= 0 or self.fed >= self.spec.total:
             return
         end = min(self.spec.total, self.fed + room)
-        now = time.time_ns()
+        now_ns = time.time_ns()
         requests = [
             Request(
                 f"{self.spec.id}#{i}",
                 self.spec.version,
-                now,
+                now_ns,
                 self.replies,
                 items[i].inputs,
                 items[i].outputs,
@@ -354,8 +354,8 @@ def requeue_orphans(connection: redis.Redis) -> list[str]:
             job = Job.fetch(job_id, connection=connection, serializer=JSONSerializer)
         except NoSuchJobError:
             continue
-        started = job.started_at.timestamp() if job.started_at else 0.0
-        if job.get_status() != JobStatus.STARTED or time.time() - started < LEASE_MS / 1000:
+        started_s = job.started_at.timestamp() if job.started_at else 0.0
+        if job.get_status() != JobStatus.STARTED or time.time() - started_s < LEASE_MS / 1000:
             continue  # a feeder that is starting has not taken its lease yet
         if not job.retries_left:
             continue  # out of retries: rq's own check fails it

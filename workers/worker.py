@@ -76,13 +76,13 @@ class BatchRate:
     """Batches per second between two heartbeats, for `sluice status`."""
 
     batches: int = 0
-    at: float | None = None
+    at_s: float | None = None
 
-    def update(self, batches: int, now: float) -> float:
+    def update(self, batches: int, now_s: float) -> float:
         rate = 0.0
-        if self.at is not None and now > self.at:
-            rate = round((batches - self.batches) / (now - self.at), 2)
-        self.batches, self.at = batches, now
+        if self.at_s is not None and now_s > self.at_s:
+            rate = round((batches - self.batches) / (now_s - self.at_s), 2)
+        self.batches, self.at_s = batches, now_s
         return rate
 
 

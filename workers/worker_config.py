@@ -11,13 +11,10 @@ import socket
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
+from sluice.shared.batch_delay import BatchDelay
 from sluice.shared.repository_control import ControlMode
 from sluice.workers.recovery.recovery import RecoveryPolicy
-
-#: BATCH_DELAY of models that set none: "fixed" (Triton's wait) or "adaptive".
-BatchDelay = Literal["fixed", "adaptive"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -34,6 +31,7 @@ class WorkerConfig:
     idle_poll_us: int
     #: how often the host's CPU, memory and GPUs are sampled for the heartbeat.
     metrics_interval_ms: int
+    #: BATCH_DELAY of models that set none.
     batch_delay: BatchDelay
     #: run a lone batch while its delay runs out, answering it once the batch is formed
     #: (`workers/batching/early_run.py`).

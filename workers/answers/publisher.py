@@ -63,7 +63,7 @@ class Publisher:
         redis: aioredis.Redis,
         model: str,
         counted_levels: set[int],
-        clock: Callable[[], float] = time.monotonic,
+        clock_s: Callable[[], float] = time.monotonic,
     ) -> None:
         self.redis = redis
         self.model = model
@@ -74,10 +74,10 @@ class Publisher:
         #: answered entries whose acks wait for Redis to come back: still ours to keep alive.
         self.unacked: dict[EntryKey, None] = {}
         self._wire = Wire(redis)
-        self._clock = clock
+        self._clock_s = clock_s
         #: statistics not yet written: field -> increment (`last_inference` fields: latest).
         self._unwritten: dict[str, int] = {}
-        self._unwritten_since = 0.0
+        self._unwritten_since_s = 0.0
 
     def hold(self, stream: str, entry_id: bytes, requests: int) -> None:
         self.unanswered[(stream, entry_id)] = requests
@@ -111,10 +111,10 @@ class Publisher:
                 return []
             if not defer:  # nothing held back: this batch's own record
                 return [stats_record(increments)]
-            self._unwritten_since = self._clock()
+            self._unwritten_since_s = self._clock_s()
         held = self._unwritten
         add_increments(held, increments)
-        if defer and self._clock() - self._unwritten_since < STATS_FLUSH_S:
+        if defer and self._clock_s() - self._unwritten_since_s < STATS_FLUSH_S:
             return []
         self._unwritten = {}
         return [stats_record([x for pair in held.items() for x in pair])]

@@ -96,12 +96,12 @@ class Answering:
         if self.responses is not None:
             self.responses.open(launch.batch)
         if early is not None:
-            started, running = early.started_ns, early.running
+            started_ns, running = early.started_ns, early.running
         else:
-            started = time.time_ns()
+            started_ns = time.time_ns()
             running = self.instances.start(launch.lane, requests, sizes, here=launch.inline)
-        stats = BatchStats(requests[0].version, sum(sizes), started // 1_000_000)
-        stats.queue_samples_ns = [max(0, started - r.enqueue_ns) for r in requests]
+        stats = BatchStats(requests[0].version, sum(sizes), started_ns // 1_000_000)
+        stats.queue_samples_ns = [max(0, started_ns - r.enqueue_ns) for r in requests]
         stats.early_answered, stats.early_dropped = early is not None, dropped
         self.spawn(self._answer(launch, requests, sizes, stats, running))
 

@@ -33,7 +33,7 @@ class BatchLoop:
         reader: StreamReader,
         answering: Answering,
         early: EarlyRuns,
-        clock: Callable[[], int] = time.time_ns,
+        clock_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         """`clock`: wall time in ns, on which requests' enqueue times and delays count."""
         self.state = state
@@ -41,7 +41,7 @@ class BatchLoop:
         self.reader = reader
         self.answering = answering
         self.early = early
-        self.clock = clock
+        self.clock_ns = clock_ns
 
     async def run(self) -> None:
         state = self.state
@@ -55,11 +55,11 @@ class BatchLoop:
             count = state.catch_up_count()
             if count:
                 await self.reader.catch_up(count)
-            now = self.clock()
-            await self.answering.expire(state.expired(now))
+            now_ns = self.clock_ns()
+            await self.answering.expire(state.expired(now_ns))
             if not state.pending:
                 continue
-            decision = state.decide(now)
+            decision = state.decide(now_ns)
             if isinstance(decision, Send):
                 launch = state.batch_launched(decision.indices, self.instances.last_run_ns)
                 self.answering.start(launch, *self.early.claim(launch.batch))
@@ -73,6 +73,6 @@ class BatchLoop:
     def _stage_next(self) -> None:
         """Every lane is busy: make the inputs of the full batch a free lane would take now."""
         assert self.instances.ahead is not None
-        batch = self.state.full_batch(self.clock())
+        batch = self.state.full_batch(self.clock_ns())
         if batch:
             self.instances.ahead.stage([q.request for q in batch])

@@ -126,18 +126,18 @@ def next_batch(
     groups: dict[Hashable, list[int]] = {}
     for index, item in enumerate(pending):
         groups.setdefault(item.group, []).append(index)
-    shortest_wait: int | None = None
+    shortest_wait_ns: int | None = None
     for members in groups.values():
         decision = _judge_group(pending, members, now_ns, rules)
         if isinstance(decision, Send):
             return decision
-        if shortest_wait is None or (decision.ns is not None and decision.ns < shortest_wait):
-            shortest_wait = decision.ns
+        if shortest_wait_ns is None or (decision.ns is not None and decision.ns < shortest_wait_ns):
+            shortest_wait_ns = decision.ns
     sparse = arrival_gap_ns is not None and arrival_gap_ns > rules.max_queue_delay_ns
     if rules.adaptive_delay and sparse:
         # nothing is due, and waiting would not bring another request: the oldest group goes
         return _judge_group(pending, next(iter(groups.values())), now_ns, rules, send_now=True)
-    return Wait(shortest_wait)
+    return Wait(shortest_wait_ns)
 
 
 def _judge_group(
@@ -164,11 +164,11 @@ def _judge_group(
         taken += 1
         if size in rules.preferred_batch_sizes:
             mark = taken
-    age = now_ns - pending[members[0]].start_ns
-    delay = rules.max_queue_delay_ns
-    delay_exceeded = delay != 0 and age >= delay
+    age_ns = now_ns - pending[members[0]].start_ns
+    delay_ns = rules.max_queue_delay_ns
+    delay_exceeded = delay_ns != 0 and age_ns >= delay_ns
     if mark is not None and not delay_exceeded:
         return Send(tuple(members[:mark]))
-    if full or size >= rules.max_preferred or delay_exceeded or delay == 0 or send_now:
+    if full or size >= rules.max_preferred or delay_exceeded or delay_ns == 0 or send_now:
         return Send(tuple(members[:taken]))
-    return Wait(delay - age)
+    return Wait(delay_ns - age_ns)

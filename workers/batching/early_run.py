@@ -93,9 +93,9 @@ class EarlyRuns:
         lane = self.state.lane_lent()
         requests = [q.request for q in batch]
         sizes = [q.pending.batch_size for q in batch]
-        started = time.time_ns()
+        started_ns = time.time_ns()
         running = self.instances.start(lane, requests, sizes)
-        self._held = Early(_ids(batch), started, running)
+        self._held = Early(_ids(batch), started_ns, running)
         running.add_done_callback(lambda done: self._ended(lane, done))
 
     def claim(self, batch: list[Queued]) -> tuple[Early | None, bool]:

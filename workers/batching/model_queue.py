@@ -15,6 +15,7 @@ from __future__ import annotations
 import redis.asyncio as aioredis
 import torch
 from sluice.shared import keys
+from sluice.shared.batch_delay import BatchDelay
 from sluice.shared.idle_poll import DEFAULT_WINDOW_US, IdlePoll
 from sluice.shared.model_config import ModelSpec
 from sluice.shared.supervision import Supervisor
@@ -34,15 +35,15 @@ from sluice.workers.recovery.recovery import Recovery, RecoveryPolicy
 from sluice.workers.recovery.takeover import Takeover
 
 
-def batch_rules(spec: ModelSpec, default_delay_mode: str = "fixed") -> BatchRules:
-    """The model's rules; its own BATCH_DELAY wins over the server's `default_delay_mode`."""
+def batch_rules(spec: ModelSpec, batch_delay: BatchDelay = "fixed") -> BatchRules:
+    """The model's rules; its own BATCH_DELAY wins over the server's `batch_delay`."""
     policy = spec.batching
     return BatchRules(
         max_batch_size=spec.max_batch_size,
         dynamic=policy.dynamic,
         max_queue_delay_ns=policy.max_queue_delay_us * 1000,
         preferred_batch_sizes=frozenset(policy.preferred_batch_sizes),
-        adaptive_delay=(policy.delay_mode or default_delay_mode) == "adaptive",
+        adaptive_delay=(policy.delay_mode or batch_delay) == "adaptive",
     )
 
 
@@ -60,7 +61,7 @@ class ModelQueue:
         block_ms: int = 1000,
         recovery: RecoveryPolicy | None = None,
         idle_poll_us: int = DEFAULT_WINDOW_US,
-        default_delay_mode: str = "fixed",
+        batch_delay: BatchDelay = "fixed",
         early_run: bool = True,
     ) -> None:
         self.spec = spec
@@ -75,7 +76,7 @@ class ModelQueue:
             for lv in policy.levels
         }
         self.state = QueueState(
-            batch_rules(spec, default_delay_mode), spec.instance_count, len(policy.levels)
+            batch_rules(spec, batch_delay), spec.instance_count, len(policy.levels)
         )
         counted = {lv for lv in policy.levels if policy.for_level(lv).max_queue_size}
         publisher = Publisher(redis, spec.name, counted)

@@ -167,9 +167,11 @@ class QueueState:
         if self.stopping:
             return Send((0,))
         wait_ns = decision.ns
-        expiry = self.pending.next_expiry_ns()
-        if expiry is not None:
-            wait_ns = max(0, expiry - now_ns) if wait_ns is None else min(wait_ns, expiry - now_ns)
+        expiry_ns = self.pending.next_expiry_ns()
+        if expiry_ns is not None:
+            wait_ns = (
+                max(0, expiry_ns - now_ns) if wait_ns is None else min(wait_ns, expiry_ns - now_ns)
+            )
         return Wait(wait_ns)
 
     def full_batch(self, now_ns: int) -> list[Queued]:

@@ -178,12 +178,12 @@ class DeviceSampler:
         interval_s: float,
         cpu: CpuSampler | None,
         gpus: GpuSampler | None,
-        clock: Callable[[], int] = now_ms,
+        clock_ms: Callable[[], int] = now_ms,
     ) -> None:
         self.interval_s = interval_s
         self.cpu = cpu
         self.gpus = gpus
-        self._clock = clock
+        self._clock_ms = clock_ms
         #: the last sample, in the heartbeat's form (shared/device_metrics.py); None before one.
         self.latest: dict[str, Any] | None = None
         self._stop = threading.Event()
@@ -195,7 +195,7 @@ class DeviceSampler:
 
     def sample(self) -> dict[str, Any]:
         return {
-            "at_ms": self._clock(),
+            "at_ms": self._clock_ms(),
             "cpu": self.cpu.sample() if self.cpu is not None else {},
             "gpus": self.gpus.sample() if self.gpus is not None else {},
         }

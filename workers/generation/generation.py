@@ -97,7 +97,7 @@ class Generation:
     stats: GenerationStats = field(default_factory=GenerationStats)
     #: runs the model's calls off the event loop (the instance's thread).
     run: Callable[[Callable[[], Any]], Awaitable[Any]] = _on_thread
-    clock: Callable[[], int] = time.time_ns
+    clock_ns: Callable[[], int] = time.time_ns
     state: Any = None
     progress: dict[str, Progress] = field(default_factory=dict)
 
@@ -182,23 +182,23 @@ class Generation:
         except Exception as exc:
             self._fail_all(exc)
             return
-        now = self.clock()
+        now_ns = self.clock_ns()
         self.stats.iteration(running[0].item.version, len(running))
         if rows is None:  # answered by the model itself
             for sequence, stopped in zip(running, finished, strict=True):
                 if stopped:
                     self.scheduler.finish(sequence.key)
-                    self.stats.finished(sequence.item, now)
+                    self.stats.finished(sequence.item, now_ns)
             return
         for sequence, tensors, stopped in zip(running, rows, finished, strict=True):
             progress = self.progress[sequence.key]
             progress.tokens += 1
-            self.stats.token(sequence.item, now, progress.last_ns)
-            progress.last_ns = now
+            self.stats.token(sequence.item, now_ns, progress.last_ns)
+            progress.last_ns = now_ns
             final = bool(stopped) or progress.tokens >= progress.limit
             if final:
                 self.scheduler.finish(sequence.key)
-                self.stats.finished(sequence.item, now)
+                self.stats.finished(sequence.item, now_ns)
             self.responses.send_tensors(sequence.item, tensors, None, final)
 
     def _fail_all(self, exc: Exception) -> None:

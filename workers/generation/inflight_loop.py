@@ -56,14 +56,14 @@ class InflightLoop:
         instances: Instances,
         answering: Answering,
         responses: ResponseStream,
-        clock: Callable[[], float] = time.monotonic,
+        clock_s: Callable[[], float] = time.monotonic,
     ) -> None:
         self.state = state
         self.answering = answering
         self.responses = responses
         self.stats = GenerationStats()
-        self._clock = clock
-        self._flushed_at = clock()
+        self._clock_s = clock_s
+        self._flushed_at_s = clock_s()
         self._pool = ThreadPoolExecutor(
             spec.instance_count, thread_name_prefix=spec.name, initializer=adopt_torch_threads
         )
@@ -141,13 +141,13 @@ class InflightLoop:
                 self.responses.end(item.request, exc)
 
     def _next_expiry_s(self) -> float | None:
-        expiry = self.state.pending.next_expiry_ns()
-        return None if expiry is None else max(0.0, (expiry - time.time_ns()) / 1e9)
+        expiry_ns = self.state.pending.next_expiry_ns()
+        return None if expiry_ns is None else max(0.0, (expiry_ns - time.time_ns()) / 1e9)
 
     async def _flush_stats(self, force: bool) -> None:
-        if not force and self._clock() - self._flushed_at < STATS_FLUSH_S:
+        if not force and self._clock_s() - self._flushed_at_s < STATS_FLUSH_S:
             return
-        self._flushed_at = self._clock()
+        self._flushed_at_s = self._clock_s()
         increments = self.stats.take_increments()
         if increments:
             await self.answering.publisher.publish([], [], increments)

@@ -212,14 +212,14 @@ class StackedInstance:
         ends with the outputs in host memory (the batch's one synchronize)."""
         spec, requests, staging, staged = self.spec, batch.requests, batch.staging, batch.staged
         timing = BatchTiming()
-        t0 = time.perf_counter_ns()
+        t0_ns = time.perf_counter_ns()
         try:
             inputs = (
                 collate(spec, requests, self.device, staging) if staged is None else staged.inputs
             )
         finally:
             batch.stacked()
-        t1 = time.perf_counter_ns()
+        t1_ns = time.perf_counter_ns()
         with torch.inference_mode():
             if staging is not None:
                 with torch.cuda.stream(staging.stream):
@@ -230,10 +230,14 @@ class StackedInstance:
                 outputs = self.function(inputs)
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
-        t2 = time.perf_counter_ns()
+        t2_ns = time.perf_counter_ns()
         results = split(spec, requests, batch.sizes, outputs)
-        t3 = time.perf_counter_ns()
-        timing.input_ns, timing.infer_ns, timing.output_ns = t1 - t0, t2 - t1, t3 - t2
+        t3_ns = time.perf_counter_ns()
+        timing.input_ns, timing.infer_ns, timing.output_ns = (
+            t1_ns - t0_ns,
+            t2_ns - t1_ns,
+            t3_ns - t2_ns,
+        )
         return results, timing
 
     def generative_model(self, responses: Responses) -> GenerativeModel | None:

@@ -51,6 +51,8 @@ DEFAULT_WAIT_S = 300.0
 RECORD_TTL_S = 1.0
 REPLY_BLOCK_MS = 1000
 TRIM_EVERY_ENTRIES = 64
+#: how long closing waits for the client's loop to end.
+CLOSE_WAIT_S = 5.0
 
 _lock = threading.Lock()
 _redis_url: str | None = None
@@ -147,7 +149,7 @@ class _Target:
     #: None: unknown or not ready.
     config: ConfigView | None
     versions: list[int]
-    read_at: float
+    read_at_s: float
 
 
 class BlsClient:
@@ -284,17 +286,17 @@ class BlsClient:
     async def _target(self, model: str) -> _Target:
         """The model's record, as every gateway's model table reads it: a model unloaded on
         purpose is not ready from its unload on, while its workers finish it."""
-        now = time.monotonic()
+        now_s = time.monotonic()
         known = self._targets.get(model)
-        if known is not None and now - known.read_at < RECORD_TTL_S:
+        if known is not None and now_s - known.read_at_s < RECORD_TTL_S:
             return known
         raw = await self._redis.hget(keys.MODELS, model)
         record = ModelRecord.decode(raw) if raw is not None else None
         wanted = await self._redis.hget(keys.DESIRED, model)
         if record is None or (wanted is not None and not decode_desired(wanted).loaded):
-            target = _Target(None, [], now)
+            target = _Target(None, [], now_s)
         else:
-            target = _Target(record.config, record.versions, now)
+            target = _Target(record.config, record.versions, now_s)
         self._targets[model] = target
         return target
 
@@ -337,11 +339,11 @@ class BlsClient:
             return
         done = asyncio.run_coroutine_threadsafe(self._aclose(), self._loop)
         try:
-            done.result(timeout=5)
+            done.result(timeout=CLOSE_WAIT_S)
         except (TimeoutError, *REDIS_ERRORS) as exc:  # best effort at exit
             log.warning("BLS client did not close cleanly: %s", exc)
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
+        self._thread.join(CLOSE_WAIT_S)
         if not self._thread.is_alive():
             self._loop.close()
 

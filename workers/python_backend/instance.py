@@ -90,20 +90,20 @@ class TritonInstance:
         """`execute` counts as the inference, outputs and all; the batch is handed over once
         its requests are InferenceRequests. Never raises for the model's faults."""
         timing = BatchTiming()
-        t0 = time.perf_counter_ns()
-        handed = t0
+        t0_ns = time.perf_counter_ns()
+        handed_ns = t0_ns
         requests, responses = batch.requests, batch.responses
         with running(self.version_dir, self.owner):
             try:
                 try:
                     pb_requests = [self.server_request(r, responses) for r in requests]
                 finally:
-                    handed = time.perf_counter_ns()
+                    handed_ns = time.perf_counter_ns()
                     batch.stacked()
                 if responses is not None:
                     self._execute_decoupled(requests, pb_requests, responses)
                     answers: list[Answer] = [[] for _ in requests]  # answered by their senders
-                    return answers, _timed(timing, t0, handed)
+                    return answers, _timed(timing, t0_ns, handed_ns)
                 returned = self._execute(pb_requests)
             except Exception as exc:  # the model's code, or its return: the call's requests fail
                 log.warning("model '%s': execute failed", self.name, exc_info=True)
@@ -112,11 +112,11 @@ class TritonInstance:
                     if not isinstance(exc, ContractError)
                     else str(exc)
                 )
-                return [error for _ in requests], _timed(timing, t0, handed)
+                return [error for _ in requests], _timed(timing, t0_ns, handed_ns)
         answers = [
             self._answer(r, response) for r, response in zip(requests, returned, strict=True)
         ]
-        return answers, _timed(timing, t0, handed)
+        return answers, _timed(timing, t0_ns, handed_ns)
 
     def generative_model(self, responses: Responses) -> GenerativeModel | None:
         return None

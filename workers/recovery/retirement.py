@@ -28,16 +28,16 @@ async def drained(redis: AsyncClient, queue: ModelQueue, superseded: Callable[[]
     """Wait until the gateways stopped sending and everything queued was run; False if a
     newer desired state came first (`superseded`)."""
     name = queue.spec.name
-    settled = time.monotonic() + UNLOAD_SETTLE_S
-    limit = time.monotonic() + UNLOAD_DRAIN_LIMIT_S
+    settled_s = time.monotonic() + UNLOAD_SETTLE_S
+    limit_s = time.monotonic() + UNLOAD_DRAIN_LIMIT_S
     while True:
         if superseded():
             return False
-        now = time.monotonic()
-        if now >= limit:
+        now_s = time.monotonic()
+        if now_s >= limit_s:
             log.warning("%s: requests still arrive after the unload; stopping anyway", name)
             return True
-        if now >= settled and queue.state.idle:
+        if now_s >= settled_s and queue.state.idle:
             try:
                 if await undelivered(redis, queue.streams) == 0:
                     return True

@@ -60,7 +60,7 @@ class Takeover:
                 log.warning("%s: recovery round failed: %s", self.name, exc)
 
     async def _take_over(self, recovery: Recovery, claimed: list[Claimed]) -> None:
-        now = time.time_ns()
+        now_ns = time.time_ns()
         stream = recovery.stream
         rejected: list[Rejected] = []
         for item in claimed:
@@ -84,9 +84,11 @@ class Takeover:
                 await recovery.dead_letter(item, reason)
                 self.publisher.hold(stream, item.entry_id, 1)
                 level = self.admission.streams[stream]
-                queued = Queued(requests[0], stream, item.entry_id, Pending(None, 1, now), level)
+                queued = Queued(requests[0], stream, item.entry_id, Pending(None, 1, now_ns), level)
                 rejected.append((queued, Result(requests[0].id, error=("INTERNAL", reason))))
             else:
-                rejected += self.admission.queue(stream, item.entry_id, requests, now, alone=True)
+                rejected += self.admission.queue(
+                    stream, item.entry_id, requests, now_ns, alone=True
+                )
         await self.answering.reject(rejected)
         self.state.requests_read()
