@@ -42,7 +42,6 @@ from sluice.shared.when_full import past_maxmemory
 from sluice.workers.backends import complete_config
 from sluice.workers.batching.model_queue import ModelQueue
 from sluice.workers.devices.device_sampler import DeviceSampler
-from sluice.workers.generation.inflight_loop import InflightLoop
 from sluice.workers.health import HEALTH_SHUTDOWN_S, serve_health
 from sluice.workers.instances.model_instance import ModelInstance
 from sluice.workers.models.model_manager import ModelManager
@@ -359,9 +358,9 @@ def _usage(queues: list[ModelQueue]) -> dict[str, Any]:
             for q in queues
         },
         SEQUENCES: {
-            q.spec.name: [q.batching.stats.running, q.batching.stats.waiting]
+            q.spec.name: [q.inflight.stats.running, q.inflight.stats.waiting]
             for q in queues
-            if isinstance(q.batching, InflightLoop)
+            if q.inflight is not None
         },
     }
 

@@ -102,10 +102,13 @@ class ModelQueue:
             early_run and capabilities.may_run_early and self.responses is None,
         )
         #: an iterative model with a generative contract: run by in-flight batching.
-        self.batching: BatchLoop | InflightLoop = (
+        self.inflight = (
             InflightLoop(spec, self.state, self.instances, self.answering, self.responses)
             if capabilities.generative and self.responses is not None
-            else BatchLoop(self.state, self.instances, self.reading, self.answering, self.early)
+            else None
+        )
+        self.batching: BatchLoop | InflightLoop = self.inflight or BatchLoop(
+            self.state, self.instances, self.reading, self.answering, self.early
         )
         recovery = recovery or RecoveryPolicy()
         recoveries = [Recovery(redis, spec.name, s, consumer, recovery) for s in streams]
