@@ -13,10 +13,9 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 from sluice.shared import keys
-from sluice.shared.partitions import config_partitions
 from sluice.shared.queue_policy import QueuePolicy
 from sluice.shared.redis_client import AsyncClient
-from sluice.shared.registry import Member, decode_model_record, live_members, now_ms
+from sluice.shared.registry import Member, ModelRecord, live_members, now_ms
 
 
 def _text(value: bytes | str) -> str:
@@ -117,24 +116,28 @@ async def fleet_status(redis: AsyncClient) -> dict[str, Any]:
     at_ms = now_ms()
     members, _ = live_members(fleet_raw, at_ms)
     members.sort(key=lambda m: (m.kind != "worker", m.id))
-    records = {_text(name): decode_model_record(blob) for name, blob in models_raw.items()}
+    records = {_text(name): ModelRecord.decode(blob) for name, blob in models_raw.items()}
     served: dict[str, list[str]] = {}
     states: dict[str, dict[str, int]] = {}
     for member in members:
         if member.kind != "worker":
             continue
         for name, status in member.models.items():
-            records.setdefault(name, {"config": None, "versions": [], "error": status.reason})
+            records.setdefault(name, ModelRecord(None, [], status.reason))
             if status.ready_versions:
                 served.setdefault(name, []).append(member.id)
             counts = states.setdefault(name, {})
             counts[status.current_state] = counts.get(status.current_state, 0) + 1
     names = sorted(records)
-    configs = [records[n]["config"] for n in names]
+    configs = [records[n].config for n in names]
     queues = await asyncio.gather(
         *(
             _model_queue(
-                redis, n, QueuePolicy.from_config(c or {}).levels, config_partitions(c), at_ms
+                redis,
+                n,
+                (c.queue_policy if c else QueuePolicy()).levels,
+                c.partitions if c else 1,
+                at_ms,
             )
             for n, c in zip(names, configs, strict=True)
         )
@@ -142,8 +145,8 @@ async def fleet_status(redis: AsyncClient) -> dict[str, Any]:
     models = {
         name: {
             **queue,
-            "versions": list(records[name]["versions"]),
-            "error": None if name in served else records[name]["error"],
+            "versions": list(records[name].versions),
+            "error": None if name in served else records[name].error,
             "workers": served.get(name, []),
             #: how many live workers hold the model in each state (READY, LOADING, ...).
             "states": dict(sorted(states.get(name, {}).items())),

@@ -109,11 +109,6 @@ def encode_model_record(
     return msgpack.packb({"config": config_json, "versions": versions, "error": error})
 
 
-def decode_model_record(raw: bytes) -> dict[str, Any]:
-    record: dict[str, Any] = msgpack.unpackb(raw)
-    return record
-
-
 @dataclass(frozen=True, slots=True)
 class ModelRecord:
     """A model as its workers announced it, its config parsed once for all who read it."""
@@ -125,7 +120,7 @@ class ModelRecord:
 
     @classmethod
     def decode(cls, raw: bytes) -> ModelRecord:
-        record = decode_model_record(raw)
+        record: dict[str, Any] = msgpack.unpackb(raw)
         config = record["config"]
         view = ConfigView.from_json(config) if config else None
         return cls(view, list(record["versions"]), record["error"])

@@ -32,9 +32,8 @@ from sluice.shared.protocol import (
     encode_results,
     job_event,
 )
-from sluice.shared.queue_policy import QueuePolicy
 from sluice.shared.redis_client import sync_client
-from sluice.shared.registry import decode_model_record
+from sluice.shared.registry import ModelRecord
 
 from ._wire import Tensorish, TensorKind, array_of, as_kind, raw_tensor
 from .errors import (
@@ -75,19 +74,19 @@ class RedisClient:
         record = self.redis.hget(keys.MODELS, model)
         if record is None:
             raise InvalidRequest(400, f"Request for unknown model: '{model}' is not found")
-        info = decode_model_record(record)
-        if info["config"] is None:
-            raise InvalidRequest(400, f"model '{model}' is not ready: {info['error']}")
+        info = ModelRecord.decode(record)
+        if info.config is None:
+            raise InvalidRequest(400, f"model '{model}' is not ready: {info.error}")
         job_id = job_id or uuid.uuid4().hex
         if not JOB_ID.match(job_id):
             raise InvalidRequest(400, "job 'id' must be 1-128 characters of A-Z a-z 0-9 . _ : -")
         params = dict(parameters or {})
-        policy = QueuePolicy.from_config(info["config"])
+        policy = info.config.queue_policy
         level = policy.level_of(params)
         tensors = [Tensor(name, *raw_tensor(value)) for name, value in inputs.items()]
         output_flags = dict.fromkeys(outputs, True) if outputs else None
         digest = request_digest(model, str(version or ""), tensors, params, output_flags)
-        version = version or max(info["versions"])
+        version = version or max(info.versions)
         stream = keys.job_stream(job_id)
         request = Request(
             job_id,
