@@ -15,6 +15,7 @@ from typing import Any
 from sluice.shared.ensemble import ENSEMBLE_PLATFORM, composing_models, is_ensemble
 from sluice.shared.partitions import config_partitions
 from sluice.shared.queue_policy import QueuePolicy
+from sluice.shared.sequence_controls import SequenceControl, controls_from_json
 from sluice.shared.signature import Signature
 from sluice.shared.transaction_policy import is_decoupled
 
@@ -57,6 +58,8 @@ class ConfigView:
     decoupled: bool
     #: `sequence_batching { iterative_sequence }`: served by in-flight batching.
     iterative_sequence: bool
+    #: `sequence_batching { control_input }`: the tensors the server gives a sequence's requests.
+    sequence_controls: tuple[SequenceControl, ...]
     #: how many partitions its request streams are split into (shared/partitions.py).
     partitions: int
     #: the models an ensemble's steps name (none for any other model).
@@ -90,6 +93,7 @@ class ConfigView:
             preserve_ordering=bool(batching.get("preserve_ordering")),
             decoupled=is_decoupled(config),
             iterative_sequence=bool(sequencing.get("iterative_sequence", False)),
+            sequence_controls=controls_from_json(sequencing),
             partitions=config_partitions(config),
             ensemble_steps=tuple(composing_models(config)) if is_ensemble(config) else (),
             instance_groups=tuple(

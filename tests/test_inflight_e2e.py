@@ -1,7 +1,8 @@
 """In-flight batching end to end: the example charlm (iterative, decoupled) served by `sluice
 serve`, one response per character through tritonclient.grpc streaming and HTTP
 generate_stream; a short request finishes while a long one runs; a cancelled sequence frees
-its slot; the tokens are counted in the metrics; Triton's interface (request rescheduling)."""
+its slot; the tokens are counted in the metrics; Triton's interface (request rescheduling, and
+the control inputs its iterative sequencer fills in)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,58 @@ sequence_batching { iterative_sequence: true }
 model_transaction_policy { decoupled: true }
 """
 
+#: Triton's iterative sequencer's view: each iteration answers what the server said of it.
+CONTROLS = textwrap.dedent(
+    """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    def value(request, name):
+        return pb_utils.get_input_tensor_by_name(request, name).as_numpy().item()
+
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            self.steps = {}
+
+        def execute(self, requests):
+            for request in requests:
+                step = self.steps.pop(request.request_id(), 0) + 1
+                seen = [value(request, "START"), value(request, "READY"),
+                        value(request, "CORRID"), request.flags(), request.correlation_id()]
+                out = pb_utils.InferenceResponse(
+                    [pb_utils.Tensor("OUT", np.array([seen], np.int64))]
+                )
+                sender = request.get_response_sender()
+                if step < 3:
+                    self.steps[request.request_id()] = step
+                    sender.send(out)
+                    request.set_release_flags(
+                        pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
+                    )
+                else:
+                    sender.send(out, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    """
+)
+CONTROLS_CONFIG = """
+name: "controls"
+backend: "python"
+max_batch_size: 4
+input [ { name: "N", data_type: TYPE_INT32, dims: [ 1 ] } ]
+output [ { name: "OUT", data_type: TYPE_INT64, dims: [ 5 ] } ]
+sequence_batching {
+  iterative_sequence: true
+  control_input [
+    { name: "START", control [ { kind: CONTROL_SEQUENCE_START, fp32_false_true: [ 0, 1 ] } ] },
+    { name: "READY",
+      control [ { kind: CONTROL_SEQUENCE_READY, bool_false_true: [ false, true ] } ] },
+    { name: "CORRID", control [ { kind: CONTROL_SEQUENCE_CORRID, data_type: TYPE_UINT64 } ] }
+  ]
+}
+model_transaction_policy { decoupled: true }
+"""
+
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service, Path]]:
@@ -78,6 +131,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service, 
     (repo / "countdown" / "1").mkdir(parents=True)
     (repo / "countdown" / "1" / "model.py").write_text(COUNTDOWN)
     (repo / "countdown" / "config.pbtxt").write_text(COUNTDOWN_CONFIG)
+    (repo / "controls" / "1").mkdir(parents=True)
+    (repo / "controls" / "1" / "model.py").write_text(CONTROLS)
+    (repo / "controls" / "config.pbtxt").write_text(CONTROLS_CONFIG)
     with serving_alone(repo) as service:
         yield service, model_dir
 
@@ -247,3 +303,35 @@ def test_a_triton_model_rescheduling_its_requests_runs_in_flight(
     assert got == {"long": list(range(1, 301)), "short": [1, 2]}
     (first, long_so_far), (second, _) = finals
     assert (first, second) == ("short", "long") and long_so_far < 300
+
+
+def test_an_iterative_triton_model_reads_the_controls_its_sequencer_fills_in(
+    served: tuple[Service, Path],
+) -> None:
+    """As tritonserver 2.51: ids 1, 2, ... for requests that name no sequence, START (and the
+    START flag) on a request's first iteration only, READY on every one, CORRID its id."""
+    service, _ = served
+    n = grpcclient.InferInput("N", [1, 1], "INT32")
+    n.set_data_from_numpy(np.array([[1]], np.int32))
+    with grpcclient.InferenceServerClient(service.grpc_url) as client:
+        results: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        client.async_stream_infer("controls", [n], request_id="a")
+        client.async_stream_infer("controls", [n], request_id="b")
+        seen: dict[str, list[list[int]]] = {"a": [], "b": []}
+        finals = 0
+        while finals < 2:
+            result, error = results.get(timeout=60)
+            assert error is None, error
+            seen[result.get_response().id].append(result.as_numpy("OUT").reshape(-1).tolist())
+            finals += result.get_response().parameters["triton_final_response"].bool_param
+        client.stop_stream()
+    ids = sorted(rows[0][2] for rows in seen.values())
+    assert ids == [1, 2]
+    for rows in seen.values():
+        corrid = rows[0][2]
+        assert rows == [
+            [1, 1, corrid, 1, corrid],
+            [0, 1, corrid, 0, corrid],
+            [0, 1, corrid, 0, corrid],
+        ]

@@ -85,7 +85,7 @@ def _triton_iterative(spec: ModelSpec, triton: TritonInstance, path: Path) -> Ge
     """A `TritonPythonModel` stepped by in-flight batching (Triton's iterative sequences)."""
 
     def model_for(responses: Responses) -> GenerativeModel:
-        return TritonIterative(triton, responses)
+        return TritonIterative(triton, responses, spec)
 
     _check_iterative(spec, path)
     return GenerativeInstance(model_for, triton.close, spec.name)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 from sluice.shared.errors import SluiceError
 from sluice.shared.model_config import ModelSpec
+from sluice.shared.sequence_controls import SEQUENCE_ID
 from sluice.workers.answers.streamed import ResponseStream
 from sluice.workers.batching.answering import Answering
 from sluice.workers.batching.pending import Queued
@@ -62,6 +64,7 @@ class InflightLoop:
         self.answering = answering
         self.responses = responses
         self.stats = GenerationStats()
+        self._sequence_ids = itertools.count(1)
         self._clock_s = clock_s
         self._flushed_at_s = clock_s()
         self._pool = ThreadPoolExecutor(
@@ -132,6 +135,7 @@ class InflightLoop:
 
     def _admit(self, items: list[Queued]) -> None:
         for item in items:
+            self._identify(item.request.parameters)
             lanes = self.generations[item.request.version]
             generation = max(lanes, key=lambda g: g.scheduler.room)
             self.responses.open([item])
@@ -139,6 +143,12 @@ class InflightLoop:
                 generation.submit(item.request, item.level)
             except SluiceError as exc:  # a bad max_tokens: answered, never joins
                 self.responses.end(item.request, exc)
+
+    def _identify(self, parameters: dict[str, Any]) -> None:
+        """A request that names no sequence gets the next id, counted from 1, as Triton's
+        iterative sequencer gives each one (its model reads it as CORRID)."""
+        if not parameters.get(SEQUENCE_ID):
+            parameters[SEQUENCE_ID] = next(self._sequence_ids)
 
     def _next_expiry_s(self) -> float | None:
         expiry_ns = self.state.pending.next_expiry_ns()

@@ -14,12 +14,12 @@ from typing import Any
 import orjson
 from sluice.shared.protocol import Request, ResponseParameter, Result
 from sluice.shared.queue_policy import DEADLINE, PRIORITY, TIMEOUT
+from sluice.shared.sequence_controls import SEQUENCE_END, SEQUENCE_ID, SEQUENCE_START
 from sluice.workers.python_backend import bls
 from sluice.workers.python_backend.errors import TritonError, TritonModelException, from_sluice_code
 from sluice.workers.python_backend.tensors import Tensor, from_wire, to_wire, wire_name
 
 #: request parameters Triton acts on itself, so that a model's `parameters()` leaves them out.
-SEQUENCE_ID, SEQUENCE_START, SEQUENCE_END = "sequence_id", "sequence_start", "sequence_end"
 RESERVED_PARAMETERS = frozenset(
     {SEQUENCE_ID, SEQUENCE_START, SEQUENCE_END, PRIORITY, TIMEOUT, DEADLINE}
 )
@@ -144,6 +144,13 @@ class InferenceRequest:
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
+
+    def set_sequence_controls(self, flags: int, controls: Sequence[Tensor]) -> None:
+        """What the server says of this request in its sequence: its `flags()`, and the
+        config's control inputs (replacing those of its last iteration)."""
+        names = {tensor.name() for tensor in controls}
+        self._flags = flags
+        self._inputs = [t for t in self._inputs if t.name() not in names] + list(controls)
 
     def request_id(self) -> str:
         return self._id

@@ -1,0 +1,81 @@
+"""Triton's sequence control inputs (`sequence_batching { control_input [...] }`): tensors the
+server, not the client, gives each request of a sequence, saying whether it starts or ends its
+sequence, whether it is a real request, and the sequence's correlation id.
+
+A flag's tensor holds the config's false or true value, typed as the config gives them
+(`int32_false_true`, `fp32_false_true`, `bool_false_true`); the correlation id's holds the id
+as its `data_type` (UINT64, INT64, UINT32, INT32, or STRING: one BYTES element). Each is
+shaped `[1]`, or `[1, 1]` for a model that batches, as Triton shapes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from sluice.shared.datatypes import NUMPY_DTYPE
+
+#: Triton's request parameters of a sequence (the extension's names on the wire).
+SEQUENCE_ID, SEQUENCE_START, SEQUENCE_END = "sequence_id", "sequence_start", "sequence_end"
+
+START = "CONTROL_SEQUENCE_START"
+END = "CONTROL_SEQUENCE_END"
+READY = "CONTROL_SEQUENCE_READY"
+CORRID = "CONTROL_SEQUENCE_CORRID"
+#: a flag's config field -> its tensor's datatype.
+_FLAG_FIELDS = {"int32_false_true": "INT32", "fp32_false_true": "FP32", "bool_false_true": "BOOL"}
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceControl:
+    """One control input as the config declares it."""
+
+    name: str
+    #: START, END, READY or CORRID (Triton's `kind`).
+    kind: str
+    #: the tensor's wire datatype.
+    datatype: str
+    #: a flag's (false, true) values; empty for CORRID.
+    false_true: tuple[Any, ...] = ()
+
+    def array(self, flags: Flags, batched: bool) -> np.ndarray:
+        """This control's tensor for a request with `flags`."""
+        shape = (1, 1) if batched else (1,)
+        if self.kind == CORRID:
+            if self.datatype == "BYTES":
+                return np.array([str(flags.correlation_id).encode()], dtype=np.object_).reshape(
+                    shape
+                )
+            return np.full(shape, int(flags.correlation_id), NUMPY_DTYPE[self.datatype])
+        on = {START: flags.start, END: flags.end, READY: flags.ready}[self.kind]
+        return np.full(shape, self.false_true[int(on)], NUMPY_DTYPE[self.datatype])
+
+
+@dataclass(frozen=True, slots=True)
+class Flags:
+    """What the controls say of one request."""
+
+    correlation_id: int | str
+    start: bool = False
+    end: bool = False
+    ready: bool = True
+
+
+def controls_from_json(sequencing: dict[str, Any]) -> tuple[SequenceControl, ...]:
+    """The control inputs of a config's `sequence_batching` as Triton's JSON."""
+    controls = []
+    for entry in sequencing.get("control_input") or []:
+        for control in entry.get("control") or []:
+            kind = str(control.get("kind", START))
+            if kind == CORRID:
+                declared = str(control.get("data_type", "TYPE_UINT64"))
+                datatype = "BYTES" if declared == "TYPE_STRING" else declared.removeprefix("TYPE_")
+                controls.append(SequenceControl(entry["name"], kind, datatype))
+                continue
+            field, datatype = next(
+                ((f, d) for f, d in _FLAG_FIELDS.items() if control.get(f)), ("", "INT32")
+            )
+            values = tuple(control.get(field) or (0, 1))
+            controls.append(SequenceControl(entry["name"], kind, datatype, values))
+    return tuple(controls)
