@@ -23,6 +23,7 @@ from sluice.shared.datatypes import (
 from sluice.shared.errors import InvalidInput
 from sluice.shared.infer_codec import ParsedInfer
 from sluice.shared.protocol import ResponseParameter, Tensor
+from sluice.shared.sequence_controls import GRPC_KINDS, check_grpc_kind
 from sluice.shared.signature import Signature
 from tritonclient.grpc import service_pb2 as pb
 
@@ -86,9 +87,11 @@ class GrpcInfer:
             for output in request.outputs:
                 _refuse_unsupported(output.parameters, f"output '{output.name}'")
                 outputs[output.name] = None
-        return ParsedInfer(
-            request.id or None, parameter_values(request.parameters), inputs, outputs, True
-        )
+        parameters = request.parameters
+        if parameters:
+            for name in GRPC_KINDS.keys() & parameters.keys():
+                check_grpc_kind(name, parameters[name].WhichOneof("parameter_choice"))
+        return ParsedInfer(request.id or None, parameter_values(parameters), inputs, outputs, True)
 
 
 def _refuse_unsupported(parameters: Any, where: str) -> None:

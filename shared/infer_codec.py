@@ -22,6 +22,7 @@ from sluice.shared.datatypes import (
 )
 from sluice.shared.errors import InvalidInput, PayloadTooLarge
 from sluice.shared.protocol import Buffer, ResponseParameter, Tensor
+from sluice.shared.sequence_controls import check_json_parameters
 from sluice.shared.signature import Signature
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -90,6 +91,8 @@ def parse_infer(body: bytes, header_length: int | None, sig: Signature) -> Parse
     params = header.get("parameters") or {}
     if not isinstance(params, dict):
         raise InvalidInput("'parameters' must be an object")
+    if params:
+        check_json_parameters(params)
     if "inputs" not in header:
         raise InvalidInput(MISSING_INPUTS)
     raw_inputs = header["inputs"]

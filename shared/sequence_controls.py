@@ -15,9 +15,18 @@ from typing import Any
 
 import numpy as np
 from sluice.shared.datatypes import NUMPY_DTYPE
+from sluice.shared.errors import InvalidInput
 
 #: Triton's request parameters of a sequence (the extension's names on the wire).
 SEQUENCE_ID, SEQUENCE_START, SEQUENCE_END = "sequence_id", "sequence_start", "sequence_end"
+
+#: the gRPC InferParameter kinds each may come as.
+GRPC_KINDS = {
+    SEQUENCE_ID: ("int64_param", "string_param"),
+    SEQUENCE_START: ("bool_param",),
+    SEQUENCE_END: ("bool_param",),
+}
+_UINT64_LIMIT = 1 << 64
 
 START = "CONTROL_SEQUENCE_START"
 END = "CONTROL_SEQUENCE_END"
@@ -79,3 +88,30 @@ def controls_from_json(sequencing: dict[str, Any]) -> tuple[SequenceControl, ...
             values = tuple(control.get(field) or (0, 1))
             controls.append(SequenceControl(entry["name"], kind, datatype, values))
     return tuple(controls)
+
+
+def check_json_parameters(parameters: dict[str, Any]) -> None:
+    """A KServe v2 JSON request's sequence parameters as Triton's HTTP endpoint parses them:
+    an unsigned integer or a string id, boolean flags (InvalidInput with its message)."""
+    if SEQUENCE_ID in parameters:
+        value = parameters[SEQUENCE_ID]
+        unsigned = type(value) is int and 0 <= value < _UINT64_LIMIT
+        if not (unsigned or isinstance(value, str)):
+            raise InvalidInput(
+                f"Unable to parse '{SEQUENCE_ID}': attempt to access JSON non-string as string"
+            )
+    for flag in (SEQUENCE_START, SEQUENCE_END):
+        if flag in parameters and not isinstance(parameters[flag], bool):
+            raise InvalidInput(
+                f"Unable to parse '{flag}': attempt to access JSON non-boolean as boolean"
+            )
+
+
+def check_grpc_kind(name: str, kind: str | None) -> None:
+    """A gRPC request's sequence parameter `name`, sent as `kind`, as Triton's gRPC endpoint
+    takes it (InvalidInput with its message)."""
+    allowed = GRPC_KINDS[name]
+    if kind not in allowed:
+        raise InvalidInput(
+            f"invalid value type for '{name}' parameter, expected {' or '.join(allowed)}."
+        )

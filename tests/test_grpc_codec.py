@@ -190,3 +190,37 @@ class _NewError(errors.SluiceError):
 )
 def test_every_error_has_its_status(error: Exception, status: grpc.StatusCode) -> None:
     assert grpc_status(error)[0] == status
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "value", "message"),
+    [
+        ("sequence_id", "uint64_param", 3, "expected int64_param or string_param."),
+        ("sequence_id", "bool_param", True, "expected int64_param or string_param."),
+        ("sequence_start", "int64_param", 1, "'sequence_start' parameter, expected bool_param."),
+        ("sequence_end", "string_param", "yes", "'sequence_end' parameter, expected bool_param."),
+    ],
+)
+def test_sequence_parameters_of_the_wrong_kind_are_refused_as_triton_refuses_them(
+    name: str, kind: str, value: Any, message: str
+) -> None:
+    request = pb.ModelInferRequest(
+        model_name="m",
+        inputs=[pb.ModelInferRequest.InferInputTensor(name="IN", datatype="FP32", shape=[1, 2])],
+        raw_input_contents=[np.zeros((1, 2), np.float32).tobytes()],
+    )
+    setattr(request.parameters[name], kind, value)
+    with pytest.raises(errors.InvalidInput, match=f"invalid value type for '{name}'") as err:
+        _decode(request)
+    assert str(err.value.message).endswith(message)
+
+
+def test_sequence_parameters_of_triton_kinds_pass_as_values() -> None:
+    request = pb.ModelInferRequest(
+        model_name="m",
+        inputs=[pb.ModelInferRequest.InferInputTensor(name="IN", datatype="FP32", shape=[1, 2])],
+        raw_input_contents=[np.zeros((1, 2), np.float32).tobytes()],
+    )
+    request.parameters["sequence_id"].string_param = "session-1"
+    request.parameters["sequence_start"].bool_param = True
+    assert _decode(request).parameters == {"sequence_id": "session-1", "sequence_start": True}

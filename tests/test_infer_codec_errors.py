@@ -40,6 +40,22 @@ def expect_invalid(
         ({"inputs": [{"name": 3}]}, r"inputs\[0\]"),
         ({"parameters": [1], "inputs": [fp32_input([1, 4], FOUR)]}, "'parameters'"),
         (
+            {"parameters": {"sequence_id": -1}, "inputs": [fp32_input([1, 4], FOUR)]},
+            "Unable to parse 'sequence_id': attempt to access JSON non-string as string",
+        ),
+        (
+            {"parameters": {"sequence_id": 1.5}, "inputs": [fp32_input([1, 4], FOUR)]},
+            "Unable to parse 'sequence_id'",
+        ),
+        (
+            {"parameters": {"sequence_start": 1}, "inputs": [fp32_input([1, 4], FOUR)]},
+            "Unable to parse 'sequence_start': attempt to access JSON non-boolean as boolean",
+        ),
+        (
+            {"parameters": {"sequence_end": "true"}, "inputs": [fp32_input([1, 4], FOUR)]},
+            "Unable to parse 'sequence_end'",
+        ),
+        (
             {"inputs": [{"name": "IN", "datatype": "FP128", "shape": [1, 4], "data": FOUR}]},
             "invalid datatype for input IN",
         ),
