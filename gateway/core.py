@@ -47,6 +47,7 @@ from sluice.shared.protocol import Request, ResponseParameter, Result, Tensor
 from sluice.shared.queue_policy import DEADLINE, PRIORITY, TIMEOUT, deadline_us
 from sluice.shared.redis_client import REDIS_ERRORS
 from sluice.shared.repository_control import NOT_EXPLICIT, ControlMode
+from sluice.shared.sequence_controls import check_sequence_request
 from sluice.shared.signature import Signature, validate_inputs
 
 #: request parameters the workers act on.
@@ -394,6 +395,9 @@ class GatewayCore:
                     raise InvalidInput(
                         f"unexpected inference output '{output}' for model '{view.name}'"
                     )
+            if view.config is not None and view.config.sequence_batched:
+                batch_size = parsed.inputs[0].shape[0] if sig.max_batch_size > 0 else 1
+                check_sequence_request(view.name, parsed.parameters, batch_size)
             params = _forwarded(view, parsed.parameters)
             policy = view.queue_policy
             level = policy.level_of(params)

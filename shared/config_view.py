@@ -58,6 +58,9 @@ class ConfigView:
     decoupled: bool
     #: `sequence_batching { iterative_sequence }`: served by in-flight batching.
     iterative_sequence: bool
+    #: `sequence_batching` without `iterative_sequence`: Triton's sequence batcher schedules it,
+    #: and every request names its sequence.
+    sequence_batched: bool
     #: `sequence_batching { control_input }`: the tensors the server gives a sequence's requests.
     sequence_controls: tuple[SequenceControl, ...]
     #: how many partitions its request streams are split into (shared/partitions.py).
@@ -93,6 +96,8 @@ class ConfigView:
             preserve_ordering=bool(batching.get("preserve_ordering")),
             decoupled=is_decoupled(config),
             iterative_sequence=bool(sequencing.get("iterative_sequence", False)),
+            sequence_batched="sequence_batching" in config
+            and not sequencing.get("iterative_sequence", False),
             sequence_controls=controls_from_json(sequencing),
             partitions=config_partitions(config),
             ensemble_steps=tuple(composing_models(config)) if is_ensemble(config) else (),

@@ -115,3 +115,18 @@ def check_grpc_kind(name: str, kind: str | None) -> None:
         raise InvalidInput(
             f"invalid value type for '{name}' parameter, expected {' or '.join(allowed)}."
         )
+
+
+def check_sequence_request(model: str, parameters: dict[str, Any], batch_size: int) -> None:
+    """What Triton's sequence batcher refuses before it looks a request's sequence up: a
+    batch of more than one, a request that names no sequence (InvalidInput, its message)."""
+    if batch_size > 1:
+        raise InvalidInput(
+            f"inference request to model '{model}' must specify batch-size 1 due to "
+            "requirements of sequence batcher"
+        )
+    if not parameters.get(SEQUENCE_ID):
+        raise InvalidInput(
+            f"inference request to model '{model}' must specify a non-zero or non-empty "
+            "correlation ID"
+        )
