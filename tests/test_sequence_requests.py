@@ -1,6 +1,7 @@
 """Requests to a model under Triton's sequence batcher, refused as tritonserver 2.51 refuses
 them before it looks their sequence up: a batch of more than one, a request naming no
-sequence; over HTTP (400) and gRPC (INVALID_ARGUMENT), with Triton's messages."""
+sequence; over HTTP (400) and gRPC (INVALID_ARGUMENT), with Triton's messages. Sequence
+parameters of the wrong JSON type get Triton's 500, as its JSON reader's errors are INTERNAL."""
 
 from __future__ import annotations
 
@@ -65,6 +66,20 @@ def test_http_refuses_what_the_sequence_batcher_refuses(
     served: Service, rows: int, parameters: dict[str, object], message: str
 ) -> None:
     assert _http(served, rows, parameters) == (400, message)
+
+
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        ({"sequence_id": -1}, "Unable to parse 'sequence_id': attempt to access JSON non-string"),
+        ({"sequence_id": 9, "sequence_start": 1}, "Unable to parse 'sequence_start': attempt"),
+    ],
+)
+def test_http_answers_an_unreadable_sequence_parameter_as_triton_does(
+    served: Service, parameters: dict[str, object], message: str
+) -> None:
+    status, error = _http(served, 1, parameters)
+    assert status == 500 and error.startswith(message)
 
 
 @pytest.mark.parametrize(("rows", "sequence_id", "message"), [(2, 7, BATCH), (1, 0, NO_ID)])
