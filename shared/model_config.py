@@ -77,6 +77,8 @@ _THREAD_PARAMETERS = ("INTRA_OP_THREAD_COUNT", "INTER_OP_THREAD_COUNT")
 #: "adaptive" (opt-in) skips it while a model's requests arrive further apart than it.
 #: Absent: the server's --batch-delay, itself "fixed" unless set.
 DELAY_PARAMETER = "BATCH_DELAY"
+#: Triton's SEQUENCE_IDLE_DEFAULT_MICROSECONDS: a sequence with no request for this long ends.
+SEQUENCE_IDLE_DEFAULT_US = 1_000_000
 _INT64_TYPES = frozenset(
     {
         FieldDescriptor.TYPE_INT64,
@@ -200,6 +202,7 @@ def load_model_config(
     except ValueError as exc:
         raise err(f"parameters.{PARTITIONS}", str(exc)) from None
     _fill_pinned_memory(cfg)
+    _fill_sequence_idle(cfg)
     return ModelSpec(
         name=cfg.name,
         kind=kind,
@@ -464,6 +467,15 @@ def _fill_pinned_memory(cfg: ModelConfig) -> None:
     for name in ("input_pinned_memory", "output_pinned_memory"):
         if not cfg.optimization.HasField(name):
             getattr(cfg.optimization, name).enable = True
+
+
+def _fill_sequence_idle(cfg: ModelConfig) -> None:
+    """Triton's default idle time of a sequence, where the config sets none."""
+    if (
+        cfg.HasField("sequence_batching")
+        and not cfg.sequence_batching.max_sequence_idle_microseconds
+    ):
+        cfg.sequence_batching.max_sequence_idle_microseconds = SEQUENCE_IDLE_DEFAULT_US
 
 
 def _int64_to_numbers(desc: Descriptor, data: dict[str, Any]) -> dict[str, Any]:

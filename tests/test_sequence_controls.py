@@ -58,3 +58,16 @@ def test_a_model_that_does_not_batch_gets_one_element_and_a_string_id_as_bytes(
     assert corrid.shape == (1,) and corrid.dtype == np.object_
     assert corrid.tolist() == [b"session-1"]
     assert found["R"].array(Flags(1, ready=False), batched=False).tolist() == [False]
+
+
+def test_a_sequence_model_without_an_idle_time_gets_tritons(tmp_path: Path) -> None:
+    """tritonserver 2.51's config for such a model says 1000000 (its default), not 0."""
+    controls(tmp_path)
+    sequencing = load_model_config(tmp_path / "seq").config_json["sequence_batching"]
+    assert sequencing["max_sequence_idle_microseconds"] == 1_000_000
+    set_idle = CONFIG.format(batch=4, corrid="TYPE_UINT64").replace(
+        "sequence_batching {", "sequence_batching { max_sequence_idle_microseconds: 5000"
+    )
+    (tmp_path / "seq" / "config.pbtxt").write_text(set_idle)
+    sequencing = load_model_config(tmp_path / "seq").config_json["sequence_batching"]
+    assert sequencing["max_sequence_idle_microseconds"] == 5000
