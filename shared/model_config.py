@@ -20,6 +20,7 @@ from sluice.shared.datatypes import config_to_wire
 from sluice.shared.errors import ModelConfigError
 from sluice.shared.partitions import PARAMETER as PARTITIONS
 from sluice.shared.partitions import parse_partitions
+from sluice.shared.sequence_controls import check_controls
 from tritonclient.grpc.model_config_pb2 import (
     DataType,
     ModelConfig,
@@ -203,6 +204,8 @@ def load_model_config(
         raise err(f"parameters.{PARTITIONS}", str(exc)) from None
     _fill_pinned_memory(cfg)
     _fill_sequence_idle(cfg)
+    if cfg.HasField("sequence_batching"):
+        check_controls(cfg.sequence_batching, cfg.name)
     return ModelSpec(
         name=cfg.name,
         kind=kind,

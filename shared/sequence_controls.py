@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 from sluice.shared.datatypes import NUMPY_DTYPE
-from sluice.shared.errors import InvalidInput, UnreadableParameter
+from sluice.shared.errors import InvalidInput, ModelConfigError, UnreadableParameter
 
 #: Triton's request parameters of a sequence (the extension's names on the wire).
 SEQUENCE_ID, SEQUENCE_START, SEQUENCE_END = "sequence_id", "sequence_start", "sequence_end"
@@ -129,4 +129,61 @@ def check_sequence_request(model: str, parameters: dict[str, Any], batch_size: i
         raise InvalidInput(
             f"inference request to model '{model}' must specify a non-zero or non-empty "
             "correlation ID"
+        )
+
+
+def check_controls(batcher: Any, model: str) -> None:
+    """A config's `sequence_batching.control_input`s (the ModelSequenceBatching message) as
+    Triton's sequence batcher checks them when the model loads, kind by kind (START, END,
+    READY, CORRID): ModelConfigError with its message."""
+    for kind in (START, END, READY, CORRID):
+        named: set[str] = set()
+        seen = False
+        for control_input in batcher.control_input:
+            if not control_input.name:
+                raise ModelConfigError(
+                    f"sequence batching control tensor must have a name for {model}"
+                )
+            if control_input.name in named:
+                raise ModelConfigError(
+                    f"sequence batching control tensor '{control_input.name}' is specified for "
+                    f"multiple control kinds for {model}"
+                )
+            named.add(control_input.name)
+            for control in control_input.control:
+                if batcher.Control.Kind.Name(control.kind) != kind:
+                    continue
+                if seen:
+                    raise ModelConfigError(
+                        f"sequence batching specifies multiple {kind} tensors for {model}"
+                    )
+                seen = True
+                _check_values(control, kind, model)
+
+
+def _check_values(control: Any, kind: str, model: str) -> None:
+    """A control's false/true values: none for CORRID, one pair of one type for a flag."""
+    given = [field for field in _FLAG_FIELDS if len(getattr(control, field))]
+    fields = "'int32_false_true', 'fp32_false_true'"
+    if kind == CORRID:
+        if given:
+            raise ModelConfigError(
+                f"sequence batching must not specify either {fields} or 'bool_false_true' for "
+                f"{kind} for {model}"
+            )
+        return
+    if not given:
+        raise ModelConfigError(
+            f"sequence batching must specify either {fields} or 'bool_false_true' for {kind} "
+            f"for {model}"
+        )
+    if len(given) > 1:
+        raise ModelConfigError(
+            f"sequence batching specifies more than one from {fields} and 'bool_false_true' "
+            f"for {kind} for {model}"
+        )
+    if len(getattr(control, given[0])) != 2:
+        raise ModelConfigError(
+            f"sequence batching control '{given[0]}' must have exactly 2 entries for {kind} "
+            f"for {model}"
         )

@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
+from sluice.shared.errors import ModelConfigError
 from sluice.shared.model_config import load_model_config
 from sluice.shared.sequence_controls import Flags, SequenceControl
 
@@ -71,3 +73,68 @@ def test_a_sequence_model_without_an_idle_time_gets_tritons(tmp_path: Path) -> N
     (tmp_path / "seq" / "config.pbtxt").write_text(set_idle)
     sequencing = load_model_config(tmp_path / "seq").config_json["sequence_batching"]
     assert sequencing["max_sequence_idle_microseconds"] == 5000
+
+
+START_BOTH = (
+    'name: "START", control [ { kind: CONTROL_SEQUENCE_START, int32_false_true: [ 0, 1 ], '
+    "fp32_false_true: [ 0, 1 ] } ]"
+)
+FLAGS = "'int32_false_true', 'fp32_false_true'"
+
+
+@pytest.mark.parametrize(
+    ("control_inputs", "message"),
+    [
+        (
+            f"{{ {START_BOTH} }}",
+            f"specifies more than one from {FLAGS} and 'bool_false_true' for "
+            "CONTROL_SEQUENCE_START for seq",
+        ),
+        (
+            '{ name: "S", control [ { kind: CONTROL_SEQUENCE_START, '
+            "int32_false_true: [ 0, 1, 2 ] } ] }",
+            "control 'int32_false_true' must have exactly 2 entries for CONTROL_SEQUENCE_START "
+            "for seq",
+        ),
+        (
+            '{ name: "C", control [ { kind: CONTROL_SEQUENCE_CORRID, data_type: TYPE_UINT64, '
+            "int32_false_true: [ 0, 1 ] } ] }",
+            f"must not specify either {FLAGS} or 'bool_false_true' for CONTROL_SEQUENCE_CORRID "
+            "for seq",
+        ),
+        (
+            '{ name: "A", control [ { kind: CONTROL_SEQUENCE_START, int32_false_true: [ 0, 1 ] } ]'
+            ' }, { name: "B", control [ { kind: CONTROL_SEQUENCE_START, '
+            "int32_false_true: [ 0, 1 ] } ] }",
+            "specifies multiple CONTROL_SEQUENCE_START tensors for seq",
+        ),
+        (
+            '{ name: "S", control [ { kind: CONTROL_SEQUENCE_START, int32_false_true: [ 0, 1 ] } ]'
+            ' }, { name: "S", control [ { kind: CONTROL_SEQUENCE_READY, '
+            "int32_false_true: [ 0, 1 ] } ] }",
+            "control tensor 'S' is specified for multiple control kinds for seq",
+        ),
+        (
+            '{ name: "S", control [ { kind: CONTROL_SEQUENCE_START } ] }',
+            f"must specify either {FLAGS} or 'bool_false_true' for CONTROL_SEQUENCE_START for seq",
+        ),
+        (
+            "{ control [ { kind: CONTROL_SEQUENCE_START, int32_false_true: [ 0, 1 ] } ] }",
+            "control tensor must have a name for seq",
+        ),
+    ],
+)
+def test_bad_control_inputs_fail_the_load_with_tritons_reason(
+    tmp_path: Path, control_inputs: str, message: str
+) -> None:
+    """tritonserver 2.51 refused each of these with the same reason, word for word."""
+    (tmp_path / "seq").mkdir()
+    text = CONFIG.format(batch=4, corrid="TYPE_UINT64")
+    start = text.index("  control_input [")
+    end = text.index("  ]\n}", start) + len("  ]\n")
+    (tmp_path / "seq" / "config.pbtxt").write_text(
+        text[:start] + f"  control_input [ {control_inputs} ]\n" + text[end:]
+    )
+    with pytest.raises(ModelConfigError) as err:
+        load_model_config(tmp_path / "seq")
+    assert err.value.message == f"sequence batching {message}"
