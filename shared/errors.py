@@ -25,14 +25,6 @@ class InvalidInput(SluiceError):
     code = "INVALID_ARG"
 
 
-class UnreadableParameter(InvalidInput):
-    """A JSON request parameter not of the type Triton reads it as: its HTTP endpoint answers
-    500, as its JSON reader's errors are INTERNAL (tritonserver 2.51, `sequence_id` -1)."""
-
-    http_status = 500
-    code = "INTERNAL"
-
-
 class PayloadTooLarge(SluiceError):
     """A body over --max-body-bytes, as sent or once inflated (HTTP 413)."""
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 from sluice.shared.datatypes import NUMPY_DTYPE
-from sluice.shared.errors import InvalidInput, ModelConfigError, UnreadableParameter
+from sluice.shared.errors import InvalidInput, ModelConfigError
 
 #: Triton's request parameters of a sequence (the extension's names on the wire).
 SEQUENCE_ID, SEQUENCE_START, SEQUENCE_END = "sequence_id", "sequence_start", "sequence_end"
@@ -92,17 +92,19 @@ def controls_from_json(sequencing: dict[str, Any]) -> tuple[SequenceControl, ...
 
 def check_json_parameters(parameters: dict[str, Any]) -> None:
     """A KServe v2 JSON request's sequence parameters as Triton's HTTP endpoint parses them:
-    an unsigned integer or a string id, boolean flags (UnreadableParameter, its message)."""
+    an unsigned integer or a string id, boolean flags (InvalidInput with its message). Triton
+    answers these 500 (its JSON reader's errors are INTERNAL); sluice answers bad input 400,
+    as it does Triton's other JSON reading errors ('Unable to parse 'shape'')."""
     if SEQUENCE_ID in parameters:
         value = parameters[SEQUENCE_ID]
         unsigned = type(value) is int and 0 <= value < _UINT64_LIMIT
         if not (unsigned or isinstance(value, str)):
-            raise UnreadableParameter(
+            raise InvalidInput(
                 f"Unable to parse '{SEQUENCE_ID}': attempt to access JSON non-string as string"
             )
     for flag in (SEQUENCE_START, SEQUENCE_END):
         if flag in parameters and not isinstance(parameters[flag], bool):
-            raise UnreadableParameter(
+            raise InvalidInput(
                 f"Unable to parse '{flag}': attempt to access JSON non-boolean as boolean"
             )
 

@@ -1,7 +1,8 @@
 """Requests to a model under Triton's sequence batcher, refused as tritonserver 2.51 refuses
 them before it looks their sequence up: a batch of more than one, a request naming no
 sequence; over HTTP (400) and gRPC (INVALID_ARGUMENT), with Triton's messages. Sequence
-parameters of the wrong JSON type get Triton's 500, as its JSON reader's errors are INTERNAL."""
+parameters of the wrong JSON type get Triton's message with a 400 (Triton's is a 500: its JSON
+reader's errors are INTERNAL; bad input is never a 5xx here)."""
 
 from __future__ import annotations
 
@@ -75,11 +76,11 @@ def test_http_refuses_what_the_sequence_batcher_refuses(
         ({"sequence_id": 9, "sequence_start": 1}, "Unable to parse 'sequence_start': attempt"),
     ],
 )
-def test_http_answers_an_unreadable_sequence_parameter_as_triton_does(
+def test_http_answers_an_unreadable_sequence_parameter_with_tritons_message(
     served: Service, parameters: dict[str, object], message: str
 ) -> None:
     status, error = _http(served, 1, parameters)
-    assert status == 500 and error.startswith(message)
+    assert status == 400 and error.startswith(message)
 
 
 @pytest.mark.parametrize(("rows", "sequence_id", "message"), [(2, 7, BATCH), (1, 0, NO_ID)])
