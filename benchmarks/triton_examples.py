@@ -6,8 +6,8 @@ triton-inference-server/client (`src/python/examples/`) and triton-inference-ser
 table per server. The model repository is built in a temporary folder from sluice's stand-ins
 (`tests/triton_examples_repo/`: Python-backend models named, typed and shaped as the
 TensorFlow/ONNX originals the client examples call) and the python_backend examples' own models,
-copied as their READMEs say. Examples that need a GPU, shared memory, sequences, images or
-downloads are listed as skipped.
+copied as their READMEs say. Examples that need a GPU, shared memory, images or downloads are
+listed as skipped.
 
 The python_backend examples call `localhost:8000/8001/8002`, so each server is started on those
 ports (they must be free). tritonserver is the anchor's (../shared/anchor). Usage:
@@ -55,36 +55,56 @@ class Example:
     path: str
     explicit: tuple[str, ...] = ()  # explicit mode: python_backend models added to the stand-ins
     skip: str = ""
+    #: its command-line arguments (the sequence examples' `-d`: the dynamic sequence models).
+    args: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        return " ".join((self.path, *self.args))
 
 
 CLIENT = "src/python/examples/"
 PB = "examples/"
-CLIENT_EXAMPLES = [
-    Example(CLIENT + name)
-    for name in (
-        "simple_http_infer_client.py",
-        "simple_grpc_infer_client.py",
-        "simple_http_async_infer_client.py",
-        "simple_grpc_async_infer_client.py",
-        "simple_http_aio_infer_client.py",
-        "simple_grpc_aio_infer_client.py",
-        "simple_http_health_metadata.py",
-        "simple_grpc_health_metadata.py",
-        "simple_http_string_infer_client.py",
-        "simple_grpc_string_infer_client.py",
-        "simple_grpc_custom_args_client.py",
-        "simple_grpc_keepalive_client.py",
-        "simple_grpc_custom_repeat.py",
-        "grpc_explicit_byte_content_client.py",
-        "grpc_explicit_int_content_client.py",
-        "grpc_explicit_int8_content_client.py",
-        "memory_growth_test.py",
-    )
-] + [
-    # these count the models in their repository: seven for HTTP, eight for gRPC
-    Example(CLIENT + "simple_http_model_control.py", explicit=("",)),
-    Example(CLIENT + "simple_grpc_model_control.py", explicit=("", "repeat_int32")),
-]
+CLIENT_EXAMPLES = (
+    [
+        Example(CLIENT + name)
+        for name in (
+            "simple_http_infer_client.py",
+            "simple_grpc_infer_client.py",
+            "simple_http_async_infer_client.py",
+            "simple_grpc_async_infer_client.py",
+            "simple_http_aio_infer_client.py",
+            "simple_grpc_aio_infer_client.py",
+            "simple_http_health_metadata.py",
+            "simple_grpc_health_metadata.py",
+            "simple_http_string_infer_client.py",
+            "simple_grpc_string_infer_client.py",
+            "simple_grpc_custom_args_client.py",
+            "simple_grpc_keepalive_client.py",
+            "simple_grpc_custom_repeat.py",
+            "grpc_explicit_byte_content_client.py",
+            "grpc_explicit_int_content_client.py",
+            "grpc_explicit_int8_content_client.py",
+            "memory_growth_test.py",
+        )
+    ]
+    + [
+        # the sequence examples, on the sequence models and (-d) on the dynamic ones
+        Example(CLIENT + name, args=args)
+        for name in (
+            "simple_http_sequence_sync_infer_client.py",
+            "simple_grpc_sequence_sync_infer_client.py",
+            "simple_grpc_sequence_stream_infer_client.py",
+            "simple_grpc_aio_sequence_stream_infer_client.py",
+        )
+        for args in ((), ("-d",))
+    ]
+    + [
+        # these count the models in their repository: seven for HTTP, eight for gRPC
+        Example(CLIENT + "simple_http_model_control.py", explicit=("",)),
+        Example(CLIENT + "simple_grpc_model_control.py", explicit=("", "repeat_int32")),
+    ]
+)
 SKIPPED = [
     Example(CLIENT + name, skip=why)
     for why, names in (
@@ -92,20 +112,6 @@ SKIPPED = [
         ("shared memory", ("reuse_infer_objects_client.py",)),
         ("shared memory", ("simple_http_shm_string_client.py", "simple_grpc_shm_string_client.py")),
         ("CUDA shared memory", ("simple_http_cudashm_client.py", "simple_grpc_cudashm_client.py")),
-        (
-            "sequences",
-            (
-                "simple_http_sequence_sync_infer_client.py",
-                "simple_grpc_sequence_sync_infer_client.py",
-            ),
-        ),
-        (
-            "sequences",
-            (
-                "simple_grpc_sequence_stream_infer_client.py",
-                "simple_grpc_aio_sequence_stream_infer_client.py",
-            ),
-        ),
         (
             "image model + images",
             ("image_client.py", "grpc_image_client.py", "ensemble_image_client.py"),
@@ -153,6 +159,8 @@ def build_repository(dest: Path, python_backend: Path | None, only: tuple[str, .
     """The stand-ins plus, given a python_backend checkout, its example models (those in `only`
     if given) laid out as its READMEs say."""
     shutil.copytree(STAND_INS, dest, symlinks=False)
+    if only:  # the model-control examples count seven stand-ins: this one only `-d` calls
+        shutil.rmtree(dest / "simple_string_dyna_sequence")
     if python_backend is not None:
         for name, model, config in PB_MODELS:
             if only and name not in only:
@@ -246,11 +254,11 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
         time.sleep(POLL_S)
 
 
-def run_example(program: Path, timeout_s: float) -> tuple[str, str]:
+def run_example(program: Path, timeout_s: float, args: tuple[str, ...] = ()) -> tuple[str, str]:
     """Run one example unchanged in its folder: ('pass'|'FAIL'|'timeout', its last line)."""
     try:
         done = subprocess.run(
-            [sys.executable, program.name],
+            [sys.executable, program.name, *args],
             cwd=program.parent,
             capture_output=True,
             text=True,
@@ -288,11 +296,11 @@ def run_suite(
         try:
             if not wait_ready(READY_TIMEOUT_S, proc):
                 for _, ex in batch:
-                    results[ex.path] = ("FAIL", "server never became ready")
+                    results[ex.label] = ("FAIL", "server never became ready")
                 continue
             for root, ex in batch:
-                results[ex.path] = run_example(root / ex.path, timeout_s)
-                print(f"{server:7} {results[ex.path][0]:8} {ex.path}", flush=True)
+                results[ex.label] = run_example(root / ex.path, timeout_s, ex.args)
+                print(f"{server:7} {results[ex.label][0]:8} {ex.label}", flush=True)
         finally:
             if proc is not None:
                 stop_server(proc)
@@ -330,7 +338,7 @@ def main() -> None:
             shutil.copy(log, Path(tempfile.gettempdir()) / f"triton-examples-{log.name}")
     print("\n| example | " + " | ".join(servers) + " |\n|---|" + "---|" * len(servers))
     for _, ex in examples:
-        print(f"| {ex.path} | " + " | ".join(columns[s][ex.path][0] for s in servers) + " |")
+        print(f"| {ex.label} | " + " | ".join(columns[s][ex.label][0] for s in servers) + " |")
     for ex in SKIPPED:
         print(f"| {ex.path} | " + " | ".join(f"skipped ({ex.skip})" for _ in servers) + " |")
     for s in servers:

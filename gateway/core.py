@@ -342,22 +342,35 @@ class GatewayCore:
         infer: InferInput,
         client_gone: asyncio.Future[None] | None = None,
     ) -> AsyncGenerator[StreamedResponse, None]:
-        """Check and queue the request (what fails here raises at once), then its responses
-        in order: a decoupled model's zero or more, any other model's one. `client_gone`
-        resolving, or the caller leaving the iteration early, cancels the request."""
+        """Check the request (what fails here raises at once), then its responses in order:
+        a decoupled model's zero or more, any other model's one. The request is queued as
+        the iteration starts, so requests whose iterations start in order are queued in
+        order (a gRPC stream's, some of one sequence). `client_gone` resolving, or the
+        caller leaving the iteration early, cancels the request."""
         view = await self.view(model, version)
         prepared = self.prepare(view, version, infer)
         params = prepared.parameters
         timeout_s, timeout_message = _time_limit(params, self.limits.request_timeout_s)
-        parsed = prepared.request
         if view.is_ensemble:
-            result = await self.ensembles.infer(
-                view, prepared.version, parsed, params, timeout_s, timeout_message, client_gone
-            )
-            return _one_response(streamed(view.name, prepared.version, parsed, result))
+            return self._ensemble_response(view, prepared, timeout_s, timeout_message, client_gone)
         request = _new_request(self.dispatcher, prepared)
         results = self.dispatcher.stream(prepared.route, request, timeout_s, timeout_message)
         return self._responses(view.name, prepared, request, results, client_gone)
+
+    async def _ensemble_response(
+        self,
+        view: ModelView,
+        prepared: Prepared,
+        timeout_s: float,
+        timeout_message: str,
+        client_gone: asyncio.Future[None] | None,
+    ) -> AsyncGenerator[StreamedResponse, None]:
+        parsed = prepared.request
+        result = await self.ensembles.infer(
+            *(view, prepared.version, parsed, prepared.parameters),
+            *(timeout_s, timeout_message, client_gone),
+        )
+        yield streamed(view.name, prepared.version, parsed, result)
 
     async def _responses(
         self,
@@ -406,7 +419,10 @@ class GatewayCore:
             self._count_failure(view.name, version, "OTHER")
             raise
         limit = share(policy.for_level(level).max_queue_size, view.partitions)
-        route = Route(view.name, level, max(1, sig.max_batch_size), limit, view.partitions)
+        sequenced = view.config is not None and view.config.sequence_batched
+        route = Route(
+            view.name, level, max(1, sig.max_batch_size), limit, view.partitions, sequenced
+        )
         return Prepared(parsed, version, route, params)
 
     def _count_failure(self, model: str, version: int, reason: str) -> None:
@@ -454,10 +470,6 @@ def streamed(model: str, version: int, request: ParsedInfer, result: Result) -> 
     empty = result.seq is not None and not result.outputs and error is None
     done = InferOutcome(model, version, request, result.outputs, result.parameters)
     return StreamedResponse(done, error, result.final, empty)
-
-
-async def _one_response(response: StreamedResponse) -> AsyncGenerator[StreamedResponse, None]:
-    yield response
 
 
 def _forwarded(view: ModelView, parameters: dict[str, Any]) -> dict[str, Any]:

@@ -37,6 +37,8 @@ from sluice.shared.redis_client import (
     server_info,
 )
 from sluice.shared.redis_wire import Wire
+from sluice.shared.sequence_controls import SEQUENCE_ID
+from sluice.shared.sequence_routing import route_error
 
 
 def _wake_stream(order: ResponseOrder, future: asyncio.Future[Result]) -> None:
@@ -280,12 +282,24 @@ class Dispatcher:
         for send, reply in zip(sends, replies, strict=True):
             if isinstance(reply, Exception):
                 self._refuse(send.requests, reply)
+            elif send.sequenced:
+                self._routed(send.requests[0], reply)
             elif send.bounded:
                 for request, ok in zip(send.requests, reply, strict=True):
                     if not ok:
                         message = f"[request id: {request.id}] Exceeds maximum queue size"
                         self.fail([request], message)
         return None
+
+    def _routed(self, request: Request, reply: Any) -> None:
+        """A sequence's request was queued for its owner, or refused for the reason its routing
+        script gives (shared/sequence_routing.py)."""
+        sent = self._sent.get(request.id)
+        if sent is None:  # it timed out meanwhile
+            return
+        error = route_error(sent[0].model, request.parameters[SEQUENCE_ID], reply)
+        if error is not None:
+            self._fail_with([request], error)
 
     def _refuse(self, requests: Iterable[Request], exc: Exception) -> None:
         """Redis refused the command that carried `requests`: none of them was queued."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any, NoReturn, TypeVar
 
@@ -296,7 +296,18 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                 if request is None:
                     window.leave()
                     break
-                task = asyncio.ensure_future(self._stream_one(request, gone, window))
+                # checked here, in the stream's order, so that the requests are queued in it
+                # (each task queues its own as it starts, and tasks start in order)
+                try:
+                    answers: AsyncGenerator[Any, None] | Exception = await self.core.stream(
+                        request.model_name,
+                        _version(request.model_version),
+                        GrpcInfer(request),
+                        gone,
+                    )
+                except Exception as exc:
+                    answers = exc
+                task = asyncio.ensure_future(self._stream_one(request, answers, window))
                 running.add(task)
                 task.add_done_callback(running.discard)
             if running:
@@ -309,7 +320,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             window.end()
 
     async def _stream_one(
-        self, request: Any, gone: asyncio.Future[None], window: StreamWindow
+        self, request: Any, answers: AsyncGenerator[Any, None] | Exception, window: StreamWindow
     ) -> None:
         """Every response of one request, in order, each with `triton_final_response`; a
         decoupled model's flag-only final one only if the request asked for it with
@@ -317,9 +328,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         while the client's queue is full, and so do the request's later ones."""
         empty_final = parameter_values(request.parameters).get(EMPTY_FINAL_RESPONSE) is True
         try:
-            answers = await self.core.stream(
-                request.model_name, _version(request.model_version), GrpcInfer(request), gone
-            )
+            if isinstance(answers, Exception):
+                raise answers
             async with aclosing(answers):
                 async for answer in answers:
                     if answer.empty and not empty_final:

@@ -3,7 +3,8 @@
 Requests for one model and priority level share stream entries of up to the model's
 max_batch_size, each entry dealt to the model's next partition. A level with a max_queue_size
 sends one entry per request through the admission script instead, so that the limit admits
-or refuses each request on its own, as Triton's does.
+or refuses each request on its own, as Triton's does. A request of a sequence goes through the
+sequence routing script, to the worker that owns its sequence (shared/sequence_routing.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from sluice.shared.admission import ENQUEUE
 from sluice.shared.partitions import Dealer
 from sluice.shared.protocol import Request, encode_requests
 from sluice.shared.redis_wire import Command, xadd
+from sluice.shared.sequence_routing import route_command
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +31,9 @@ class Route:
     max_queue_size: int = 0
     #: the model's stream partitions (shared/partitions.py), dealt entries in turn.
     partitions: int = 1
+    #: the model is under Triton's sequence batcher: each request is routed to the worker
+    #: that owns its sequence (shared/sequence_routing.py).
+    sequenced: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,12 +44,20 @@ class Send:
     requests: list[Request]
     #: an admission script: its reply says which of `requests` it admitted.
     bounded: bool = False
+    #: a sequence's routing script: its reply says whether its one request was queued.
+    sequenced: bool = False
 
 
 def outbox_commands(outbox: dict[Route, list[Request]], dealer: Dealer) -> list[Send]:
     """The commands that send `outbox`, in order, each with its requests."""
     sends: list[Send] = []
     for route, requests in outbox.items():
+        if route.sequenced:
+            for request in requests:
+                entry = encode_requests([request])
+                command = route_command(route.model, request.parameters, entry)
+                sends.append(Send(command, [request], sequenced=True))
+            continue
         if route.max_queue_size:
             partition = dealer.next(route.model, route.level, route.partitions)
             stream = keys.request_stream(route.model, route.level, partition)

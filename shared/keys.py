@@ -126,3 +126,32 @@ def bulk_fed(model: str, bulk_id: str) -> str:
     """How many items of a bulk job are on the model's stream; in the model's slot so that it
     moves in one transaction with the XADD that feeds them."""
     return f"{_model_tag(model)}:bulk-fed:{bulk_id}"
+
+
+def sequence_claim(model: str, sequence_id: int | str) -> str:
+    """String, with a lease: the worker that owns a sequence of a model under Triton's
+    sequence batcher. Integer and string ids are kept apart (Triton's 7 and "7" differ)."""
+    kind = "i" if isinstance(sequence_id, int) else "s"
+    return f"{_model_tag(model)}:seq:{kind}:{sequence_id}"
+
+
+def sequence_owners(model: str) -> str:
+    """Sorted set: worker -> sequences it holds, of the workers serving a sequence model
+    (a new sequence goes to the least loaded one that is alive)."""
+    return f"{_model_tag(model)}:seq-owners"
+
+
+def sequence_tag(model: str) -> str:
+    """The head of a sequence model's per-worker keys, which its routing script completes with
+    the owner's name (`sequence_stream`, `sequence_lease`)."""
+    return _model_tag(model)
+
+
+def sequence_stream(model: str, worker: str) -> str:
+    """The requests of the sequences one worker owns: gateways XADD, only that worker reads."""
+    return f"{_model_tag(model)}:seqs:{worker}"
+
+
+def sequence_lease(model: str, worker: str) -> str:
+    """String, with a lease the worker keeps renewing: it is alive and serves its sequences."""
+    return f"{_model_tag(model)}:seq-alive:{worker}"

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sluice.shared.datatypes import NUMPY_DTYPE
+from sluice.shared.datatypes import NUMPY_DTYPE, serialize_bytes_elements
 from sluice.shared.errors import InvalidInput, ModelConfigError
+from sluice.shared.protocol import Tensor
 
 #: Triton's request parameters of a sequence (the extension's names on the wire).
 SEQUENCE_ID, SEQUENCE_START, SEQUENCE_END = "sequence_id", "sequence_start", "sequence_end"
@@ -59,6 +60,15 @@ class SequenceControl:
             return np.full(shape, int(flags.correlation_id), NUMPY_DTYPE[self.datatype])
         on = {START: flags.start, END: flags.end, READY: flags.ready}[self.kind]
         return np.full(shape, self.false_true[int(on)], NUMPY_DTYPE[self.datatype])
+
+    def wire(self, flags: Flags, batched: bool) -> Tensor:
+        """This control's tensor for a request with `flags`, as a request input."""
+        array = self.array(flags, batched)
+        if self.datatype == "BYTES":
+            data = serialize_bytes_elements(array.reshape(-1))
+        else:
+            data = array.tobytes()
+        return Tensor(self.name, self.datatype, array.shape, data)
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ WORKER_LAYERS = {
     "answers": 1,
     "generation": 1,
     "recovery": 1,
+    "sequences": 1,
     "models": 2,
 }
 TOP_LAYER = 3

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from sluice.shared.errors import SluiceError, error_from_code
@@ -86,11 +86,18 @@ class Answering:
                 self.responses.end(item.request, error_from_code(*result.error))
         return [], []
 
-    def start(self, launch: Launch, early: Early | None = None, dropped: bool = False) -> None:
+    def start(
+        self,
+        launch: Launch,
+        early: Early | None = None,
+        dropped: bool = False,
+        published: Callable[[], None] | None = None,
+    ) -> None:
         """Start the batch on its lane's thread within the batch loop's turn (or run it right
         here when `launch.inline`), and answer it on a task of its own. A batch that ran
         `early` is answered by that run instead; `dropped`: a run made early for other
-        requests was dropped when this batch was formed (both counted in its statistics)."""
+        requests was dropped when this batch was formed (both counted in its statistics).
+        `published` is called once its answers were written (or failed to be)."""
         requests = [q.request for q in launch.batch]
         sizes = [q.pending.batch_size for q in launch.batch]
         if self.responses is not None:
@@ -103,7 +110,8 @@ class Answering:
         stats = BatchStats(requests[0].version, sum(sizes), started_ns // 1_000_000)
         stats.queue_samples_ns = [max(0, started_ns - r.enqueue_ns) for r in requests]
         stats.early_answered, stats.early_dropped = early is not None, dropped
-        self.spawn(self._answer(launch, requests, sizes, stats, running))
+        answer = self._answer(launch, requests, sizes, stats, running)
+        self.spawn(answer if published is None else _then(answer, published))
 
     async def _answer(
         self,
@@ -137,3 +145,10 @@ class Answering:
                 self.state.inline_answered(lane)
                 self.idle_poll.arm()
         self.state.results_published()
+
+
+async def _then(answer: Coroutine[Any, Any, None], published: Callable[[], None]) -> None:
+    try:
+        await answer
+    finally:
+        published()

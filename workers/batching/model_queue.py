@@ -5,9 +5,11 @@ transitions: `StreamReader` (reader.py) reads while the state has room, `Admissi
 (admission.py) validates and queues what was read, `BatchLoop` (batch_loop.py) launches
 batches as `next_batch` decides, `Answering` (answering.py) runs them and publishes the
 results, and `Takeover` (takeover.py) keeps our entries claimed and takes over a dead
-worker's. How reading ahead, catching up and running on the loop's thread play together is
-told in queue_state.py. The read and recovery loops run under a supervisor
-(shared/supervision.py): one that fails is run again, and the queue is not `up` meanwhile.
+worker's. A model under Triton's sequence batcher reads only this worker's own sequence stream
+and is batched by the sequence loop (workers/sequences/). How reading ahead, catching up and
+running on the loop's thread play together is told in queue_state.py. The read and recovery
+loops run under a supervisor (shared/supervision.py): one that fails is run again, and the
+queue is not `up` meanwhile.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from sluice.workers.instances.lanes import Instances
 from sluice.workers.instances.model_instance import Capabilities, ModelInstance
 from sluice.workers.recovery.recovery import Recovery, RecoveryPolicy
 from sluice.workers.recovery.takeover import Takeover
+from sluice.workers.sequences.ownership import SequenceOwnership
+from sluice.workers.sequences.sequence_loop import SequenceLoop
 
 
 def batch_rules(spec: ModelSpec, batch_delay: BatchDelay = "fixed") -> BatchRules:
@@ -75,6 +79,9 @@ class ModelQueue:
             for p in range(spec.partitions)
             for lv in policy.levels
         }
+        sequenced = spec.config.sequence_batched
+        if sequenced:  # only the sequences this worker owns come to it, on a stream of its own
+            streams = {keys.sequence_stream(spec.name, consumer): 0}
         self.state = QueueState(
             batch_rules(spec, batch_delay), spec.instance_count, len(policy.levels)
         )
@@ -107,8 +114,18 @@ class ModelQueue:
             if capabilities.generative and self.responses is not None
             else None
         )
-        self.batching: BatchLoop | InflightLoop = self.inflight or BatchLoop(
-            self.state, self.instances, self.reading, self.answering, self.early
+        #: a model under Triton's sequence batcher: run by the sequence loop.
+        self.sequences = (
+            SequenceLoop(
+                spec, self.state, self.answering, SequenceOwnership(redis, spec.name, consumer)
+            )
+            if sequenced
+            else None
+        )
+        self.batching: BatchLoop | InflightLoop | SequenceLoop = (
+            self.inflight
+            or self.sequences
+            or BatchLoop(self.state, self.instances, self.reading, self.answering, self.early)
         )
         recovery = recovery or RecoveryPolicy()
         recoveries = [Recovery(redis, spec.name, s, consumer, recovery) for s in streams]
@@ -151,6 +168,8 @@ class ModelQueue:
             return
         self.background.start(f"read:{self.spec.name}", self.reading.run)
         self.background.start(f"recover:{self.spec.name}", self.takeover.run)
+        if self.sequences is not None:
+            self.background.start(f"sequences:{self.spec.name}", self.sequences.keep_ownership)
         try:
             await self.batching.run()
         finally:

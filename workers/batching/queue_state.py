@@ -215,6 +215,12 @@ class QueueState:
         self._settle()
         return Launch(lane, batch, inline)
 
+    def lane_taken(self, lane: int) -> None:
+        """A sequence model's batch runs on `lane`, the instance that holds its sequences'
+        slots (workers/sequences/sequence_loop.py); it comes back through `batch_finished`."""
+        self.free_lanes.remove(lane)
+        self._settle()
+
     def batch_finished(self, lane: int) -> None:
         """A lane's thread is done with its batch: the lane may take the next one now,
         before this one is answered."""

@@ -69,6 +69,9 @@ class Instances:
         self.responses = responses
         #: what the queue may do with the model's batches, from its instances' own.
         self.capabilities = Capabilities.of_model(instances)
+        #: a failing batch is run again in halves to find its culprit; never a sequence
+        #: model's, whose state a second run would advance twice.
+        self.splits = not self.capabilities.answers_each and not spec.config.sequence_batched
         self.default_version = max(instances)
         self.device = device
         #: each lane's CUDA stream and pinned buffers (None: a lane on the CPU); a lane's
@@ -135,7 +138,7 @@ class Instances:
             started = running if running is not None else self.start(lane, requests, sizes)
             outputs, timing = await started
         except Exception as exc:  # the model's own failure, reported to its request
-            if len(requests) > 1 and not self.capabilities.answers_each:
+            if len(requests) > 1 and self.splits:
                 middle = len(requests) // 2
                 return [
                     *await self.run_isolating(lane, requests[:middle], sizes[:middle], stats),

@@ -1,0 +1,1 @@
+../../simple_sequence/1/model.py

@@ -1,0 +1,1 @@
+"""Triton's sequence batcher: the sequences a worker owns, their slots, batches and claims."""

@@ -1,0 +1,98 @@
+"""A worker's standing in Redis as the owner of a sequence model's sequences.
+
+It registers as an owner (a member of `sequence_owners`, with a lease of its own), renews that
+lease and the claims of the sequences it holds every `RENEW_S`, sets its load to the sequences
+it holds, and lets a sequence idle too long go (shared/sequence_routing.py routes by these).
+It also answers for owners that died: the first live owner to see a dead one's lease lapsed
+removes it and answers every request left on its stream with Triton's lost-sequence error,
+so no client of a dead worker's sequence waits out its timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import redis.asyncio as aioredis
+from sluice.shared import keys
+from sluice.shared.lua import Lua
+from sluice.shared.protocol import ProtocolError, Request, decode_requests
+from sluice.shared.redis_client import REDIS_ERRORS
+from sluice.shared.sequence_routing import CLAIM_LEASE_MS, RELEASE
+
+log = logging.getLogger(__name__)
+
+#: KEYS: the model's owners, the dead owner's lease. ARGV: the dead owner. Removes it when its
+#: lease has lapsed; 1 to the one caller that did.
+_BURY = Lua(
+    """
+if redis.call('EXISTS', KEYS[2]) == 0 and redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
+  return 1
+end
+return 0
+"""
+)
+
+
+class SequenceOwnership:
+    """One worker's sequences of one model, as Redis sees them."""
+
+    def __init__(self, redis: aioredis.Redis, model: str, worker: str) -> None:
+        self.redis = redis
+        self.model = model
+        self.worker = worker
+        self.owners = keys.sequence_owners(model)
+        self.stream = keys.sequence_stream(model, worker)
+        self.lease = keys.sequence_lease(model, worker)
+
+    async def renew(self, held: Iterable[int | str], count: int) -> None:
+        """Renew our lease and our claims, and say how many sequences we hold (our load)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.set(self.lease, 1, px=CLAIM_LEASE_MS)
+        pipe.zadd(self.owners, {self.worker: count})
+        for sequence_id in held:
+            pipe.pexpire(keys.sequence_claim(self.model, sequence_id), CLAIM_LEASE_MS)
+        await pipe.execute()
+
+    async def release(self, sequence_id: int | str) -> None:
+        """Let a sequence go: its claim, if still ours, is deleted."""
+        claim = keys.sequence_claim(self.model, sequence_id)
+        await RELEASE.run(self.redis, [claim, self.owners], [self.worker])
+
+    async def retire(self) -> None:
+        """We stop: no new sequence comes to us, and requests of ours meet the lost error."""
+        try:
+            await self.redis.delete(self.lease)
+            await self.redis.zrem(self.owners, self.worker)
+        except REDIS_ERRORS as exc:
+            log.warning("%s: could not retire as a sequence owner: %s", self.model, exc)
+
+    async def dead_owners(self) -> list[str]:
+        """Owners whose lease lapsed, each removed by us (the one caller that removed it)."""
+        members = [_text(m) for m in await self.redis.zrange(self.owners, 0, -1)]
+        dead = []
+        for member in members:
+            if member == self.worker:
+                continue
+            lease = keys.sequence_lease(self.model, member)
+            if await _BURY.run(self.redis, [self.owners, lease], [member]):
+                dead.append(member)
+        return dead
+
+    async def orphans(self, owner: str) -> list[Request]:
+        """The requests left on a dead owner's stream, which is then deleted."""
+        stream = keys.sequence_stream(self.model, owner)
+        reply: Any = await self.redis.xrange(stream)
+        await self.redis.delete(stream)
+        requests: list[Request] = []
+        for entry_id, fields in reply or ():
+            try:
+                requests += decode_requests(fields)
+            except ProtocolError as exc:
+                log.error("%s: dropping undecodable entry %r: %s", self.model, entry_id, exc)
+        return requests
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

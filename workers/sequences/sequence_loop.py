@@ -1,0 +1,240 @@
+"""A sequence model's queue loop: Triton's sequence batcher over the requests this worker owns.
+
+The reader reads only this worker's own sequence stream (shared/sequence_routing.py routes each
+sequence's requests there); every request read goes to the `SequenceBatcher`, which keeps the
+slots and says what each free instance runs next. Before a batch runs, each request gets the
+config's control inputs (START, END, READY, CORRID) as Triton fills them in. After it ran, the
+sequences whose END ran leave their slots; a sequence idle past its
+`max_sequence_idle_microseconds` is released, here and in Redis. Alongside, `keep_ownership`
+renews this worker's lease and claims and answers for owners that died.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from sluice.shared import keys
+from sluice.shared.errors import SluiceError
+from sluice.shared.model_config import ModelSpec
+from sluice.shared.protocol import Request, Result
+from sluice.shared.redis_client import REDIS_ERRORS
+from sluice.shared.sequence_controls import SEQUENCE_END, SEQUENCE_ID, SEQUENCE_START, Flags
+from sluice.shared.sequence_routing import RENEW_S, sequence_lost, start_missing
+from sluice.workers.batching.answering import Answering
+from sluice.workers.batching.batcher import Pending
+from sluice.workers.batching.pending import Queued
+from sluice.workers.batching.queue_state import Launch, QueueState
+from sluice.workers.sequences.ownership import SequenceOwnership
+from sluice.workers.sequences.sequence_batcher import Member, Rules, SequenceBatcher
+
+log = logging.getLogger(__name__)
+
+#: requests a worker queues for its sequences, per slot, before it stops reading its stream.
+MAX_QUEUED_PER_SLOT = 8
+
+
+def sequence_rules(spec: ModelSpec) -> Rules:
+    """The batcher's rules from the model's `sequence_batching` (Triton's defaults: `direct`,
+    one candidate sequence per instance under `oldest`, an idle time of 1 s)."""
+    config: dict[str, Any] = spec.config.json.get("sequence_batching") or {}
+    idle_us = int(config.get("max_sequence_idle_microseconds") or 1_000_000)
+    max_batch_size = max(1, spec.max_batch_size)
+    if "oldest" in config:
+        oldest = config["oldest"] or {}
+        return Rules(
+            "oldest",
+            spec.instance_count,
+            slots=max(1, int(oldest.get("max_candidate_sequences") or 1)),
+            max_batch_size=max_batch_size,
+            idle_ns=idle_us * 1000,
+            delay_ns=int(oldest.get("max_queue_delay_microseconds") or 0) * 1000,
+            preferred_batch_sizes=frozenset(
+                int(size) for size in oldest.get("preferred_batch_size") or ()
+            ),
+        )
+    direct = config.get("direct") or {}
+    return Rules(
+        "direct",
+        spec.instance_count,
+        slots=max_batch_size,
+        max_batch_size=max_batch_size,
+        idle_ns=idle_us * 1000,
+        delay_ns=int(direct.get("max_queue_delay_microseconds") or 0) * 1000,
+        minimum_slot_utilization=float(direct.get("minimum_slot_utilization") or 0.0),
+    )
+
+
+class SequenceLoop:
+    """Runs a sequence model's batches until the queue stops and nothing is left in hand."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        state: QueueState,
+        answering: Answering,
+        ownership: SequenceOwnership,
+        clock_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.spec = spec
+        self.state = state
+        self.answering = answering
+        self.ownership = ownership
+        self.batcher: SequenceBatcher[Queued] = SequenceBatcher(sequence_rules(spec))
+        self.controls = spec.config.sequence_controls
+        self.batched = spec.max_batch_size > 0
+        self.clock_ns = clock_ns
+        #: requests queued for their sequences at most; past it the reader stops reading.
+        rules = self.batcher.rules
+        self.max_queued = MAX_QUEUED_PER_SLOT * rules.instances * rules.slots
+        #: the batches running or being answered, by number.
+        self._running: dict[int, list[Member[Queued]]] = {}
+        self._batch_ids = itertools.count()
+        #: the batches whose answers were written since the loop last looked.
+        self._published: list[int] = []
+        self._changed = asyncio.Event()
+
+    async def run(self) -> None:
+        state = self.state
+        try:
+            while not (state.finished and not self._running and self.batcher.empty):
+                now_ns = self.clock_ns()
+                await self.answering.expire(state.expired(now_ns))
+                self._collect(now_ns)
+                room = self.max_queued - self.batcher.queued
+                await self._take(state.take_in_hand(room), now_ns)
+                wait_ns = self._launch(now_ns)
+                await self._release_idle(now_ns)
+                if state.finished and not self._running:
+                    await self._drop_all()
+                    break
+                state.wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(state.wake.wait(), self._wait_s(wait_ns, now_ns))
+        finally:
+            await self.ownership.retire()
+
+    def _collect(self, now_ns: int) -> None:
+        """The batches whose answers were written: their sequences may go on (so that a
+        sequence's answers leave in its order), or leave their slots."""
+        while self._published:
+            ended = self.batcher.finished(self._running.pop(self._published.pop()), now_ns)
+            if ended:
+                self._changed.set()
+        self.state.sequences_running(self.batcher.holding)
+
+    async def _take(self, items: list[Queued], now_ns: int) -> None:
+        refused: list[tuple[Queued, Result]] = []
+        for item in items:
+            params = item.request.parameters
+            key = params.get(SEQUENCE_ID)
+            start, end = bool(params.get(SEQUENCE_START)), bool(params.get(SEQUENCE_END))
+            if key is None or not self.batcher.add(key, item, start, end, now_ns):
+                error = start_missing(self.spec.name, key if key is not None else 0)
+                refused.append((item, Result(item.request.id, error=(error.code, error.message))))
+            elif start:
+                self._changed.set()
+        await self.answering.reject(refused)
+
+    def _launch(self, now_ns: int) -> int | None:
+        """Start a batch on every free lane that has one; how long until one is due (ns)."""
+        wait_ns: int | None = None
+        for lane in list(self.state.free_lanes):
+            decision = self.batcher.next_batch(lane, now_ns)
+            if decision is None:
+                continue
+            if isinstance(decision, int):
+                wait_ns = decision if wait_ns is None else min(wait_ns, decision)
+                continue
+            for member in decision:
+                self._fill_controls(member)
+            batch_id = next(self._batch_ids)
+            self._running[batch_id] = decision
+            batch = [m.step.item for m in decision]
+            self.state.lane_taken(lane)
+            self.answering.start(
+                Launch(lane, batch, inline=False), published=partial(self._answered, batch_id)
+            )
+        return wait_ns
+
+    def _answered(self, batch_id: int) -> None:
+        self._published.append(batch_id)
+        self.state.wake.set()
+
+    def _fill_controls(self, member: Member[Queued]) -> None:
+        request: Request = member.step.item.request
+        flags = Flags(member.sequence.key, start=member.step.start, end=member.step.end)
+        names = {c.name for c in self.controls}
+        request.inputs = [t for t in request.inputs if t.name not in names] + [
+            c.wire(flags, self.batched) for c in self.controls
+        ]
+
+    async def _release_idle(self, now_ns: int) -> None:
+        released = self.batcher.idle(now_ns)
+        for sequence in released:
+            log.info("%s: sequence %s idle, released", self.spec.name, sequence.key)
+            try:
+                await self.ownership.release(sequence.key)
+            except REDIS_ERRORS as exc:  # its claim lapses with its lease
+                log.warning("%s: releasing sequence %s: %s", self.spec.name, sequence.key, exc)
+        if released:
+            self._changed.set()
+
+    def _wait_s(self, wait_ns: int | None, now_ns: int) -> float | None:
+        idle_at_ns = self.batcher.next_idle_ns()
+        if idle_at_ns is not None:
+            idle_ns = max(0, idle_at_ns - now_ns)
+            wait_ns = idle_ns if wait_ns is None else min(wait_ns, idle_ns)
+        return None if wait_ns is None else wait_ns / 1e9
+
+    async def _drop_all(self) -> None:
+        """Stopping with sequences still open: their queued requests are answered with the
+        lost-sequence error (their claims go with our lease)."""
+        sequences = [*self.batcher.slotted.values(), *self.batcher.backlog]
+        left = self.batcher.drop(sequences)
+        refused = []
+        for step in left:
+            request = step.item.request
+            error = sequence_lost(self.spec.name, request.parameters.get(SEQUENCE_ID, 0))
+            refused.append((step.item, Result(request.id, error=(error.code, error.message))))
+        await self.answering.reject(refused)
+
+    async def keep_ownership(self) -> None:
+        """Renew our lease and claims every `RENEW_S` (and when sequences come or go), and
+        answer the requests of owners that died."""
+        while True:
+            held = list(self.batcher.known)
+            await self.ownership.renew(held, self.batcher.holding)
+            for owner in await self.ownership.dead_owners():
+                await self._answer_orphans(owner)
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), RENEW_S)
+
+    async def _answer_orphans(self, owner: str) -> None:
+        requests = await self.ownership.orphans(owner)
+        if requests:
+            log.warning(
+                "%s: worker %s died holding sequences: %d requests answered as lost",
+                *(self.spec.name, owner, len(requests)),
+            )
+        stream = keys.sequence_stream(self.spec.name, owner)
+        await self.answering.reject(
+            [(_orphan(request, stream), _lost(self.spec.name, request)) for request in requests]
+        )
+
+
+def _lost(model: str, request: Request) -> Result:
+    error: SluiceError = sequence_lost(model, request.parameters.get(SEQUENCE_ID, 0))
+    return Result(request.id, error=(error.code, error.message))
+
+
+def _orphan(request: Request, stream: str) -> Queued:
+    """A request read off a dead owner's (deleted) stream, to be answered."""
+    return Queued(request, stream, b"0-0", Pending(None, 1, 0))
