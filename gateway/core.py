@@ -419,9 +419,12 @@ class GatewayCore:
             self._count_failure(view.name, version, "OTHER")
             raise
         limit = share(policy.for_level(level).max_queue_size, view.partitions)
-        sequenced = view.config is not None and view.config.sequence_batched
+        config = view.config
+        sequenced = config is not None and config.sequence_batched
+        checkpointed = config is not None and config.sequence_checkpoint
         route = Route(
-            view.name, level, max(1, sig.max_batch_size), limit, view.partitions, sequenced
+            *(view.name, level, max(1, sig.max_batch_size), limit, view.partitions),
+            *(sequenced, checkpointed),
         )
         return Prepared(parsed, version, route, params)
 

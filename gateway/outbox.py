@@ -34,6 +34,8 @@ class Route:
     #: the model is under Triton's sequence batcher: each request is routed to the worker
     #: that owns its sequence (shared/sequence_routing.py).
     sequenced: bool = False
+    #: ... and keeps its sequences' state in Redis (SEQUENCE_STATE_CHECKPOINT).
+    checkpointed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +57,7 @@ def outbox_commands(outbox: dict[Route, list[Request]], dealer: Dealer) -> list[
         if route.sequenced:
             for request in requests:
                 entry = encode_requests([request])
-                command = route_command(route.model, request.parameters, entry)
+                command = route_command(route.model, request.parameters, entry, route.checkpointed)
                 sends.append(Send(command, [request], sequenced=True))
             continue
         if route.max_queue_size:

@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice.shared.ensemble import ENSEMBLE_PLATFORM, composing_models, is_ensemble
+from sluice.shared.implicit_state import StateSpec, states_from_json
 from sluice.shared.partitions import config_partitions
 from sluice.shared.queue_policy import QueuePolicy
 from sluice.shared.sequence_controls import SequenceControl, controls_from_json
+from sluice.shared.sequence_routing import CHECKPOINT_PARAMETER
 from sluice.shared.signature import Signature
 from sluice.shared.transaction_policy import is_decoupled
 
@@ -63,6 +65,11 @@ class ConfigView:
     sequence_batched: bool
     #: `sequence_batching { control_input }`: the tensors the server gives a sequence's requests.
     sequence_controls: tuple[SequenceControl, ...]
+    #: `sequence_batching { state }`: the implicit state carried through a sequence.
+    sequence_states: tuple[StateSpec, ...]
+    #: the parameter SEQUENCE_STATE_CHECKPOINT is "true": each sequence's implicit state is kept
+    #: in Redis after every step, so another worker goes on with it if its own dies.
+    sequence_checkpoint: bool
     #: how many partitions its request streams are split into (shared/partitions.py).
     partitions: int
     #: the models an ensemble's steps name (none for any other model).
@@ -99,6 +106,8 @@ class ConfigView:
             sequence_batched="sequence_batching" in config
             and not sequencing.get("iterative_sequence", False),
             sequence_controls=controls_from_json(sequencing),
+            sequence_states=states_from_json(str(config.get("name", "")), sequencing),
+            sequence_checkpoint=_parameter(config, CHECKPOINT_PARAMETER).lower() == "true",
             partitions=config_partitions(config),
             ensemble_steps=tuple(composing_models(config)) if is_ensemble(config) else (),
             instance_groups=tuple(
@@ -107,3 +116,9 @@ class ConfigView:
             ),
             json=config,
         )
+
+
+def _parameter(config: dict[str, Any], key: str) -> str:
+    """A config parameter's string value ("" when absent)."""
+    value = (config.get("parameters") or {}).get(key) or {}
+    return str(value.get("string_value", "")) if isinstance(value, dict) else ""

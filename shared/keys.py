@@ -155,3 +155,17 @@ def sequence_stream(model: str, worker: str) -> str:
 def sequence_lease(model: str, worker: str) -> str:
     """String, with a lease the worker keeps renewing: it is alive and serves its sequences."""
     return f"{_model_tag(model)}:seq-alive:{worker}"
+
+
+def sequence_held(model: str, worker: str) -> str:
+    """Set: the claims a worker holds (`sequence_claim` keys), for a live owner to take over
+    when it dies."""
+    return f"{_model_tag(model)}:seq-held:{worker}"
+
+
+def sequence_checkpoint(model: str, sequence_id: int | str) -> str:
+    """Hash: a sequence's implicit state after its last step, that step's request id and its
+    result, kept by an owner of a model with SEQUENCE_STATE_CHECKPOINT so that another worker
+    can go on with the sequence if it dies."""
+    kind = "i" if isinstance(sequence_id, int) else "s"
+    return f"{_model_tag(model)}:seq-state:{kind}:{sequence_id}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 from sluice.shared.errors import SluiceError, error_from_code
@@ -44,6 +44,9 @@ class Answering:
         #: a decoupled model's: its requests are answered through it, not by their batch.
         self.responses = responses
         self._tasks: set[asyncio.Future[None]] = set()
+        #: sees a batch's results before they are published (the sequence loop's: it keeps the
+        #: implicit state a model returned, which is never the client's).
+        self.results_hook: Callable[[list[Result]], Awaitable[None]] | None = None
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -123,6 +126,8 @@ class Answering:
     ) -> None:
         lane, inline = launch.lane, launch.inline
         results = await self.instances.run_isolating(lane, requests, sizes, stats, running)
+        if self.results_hook is not None:
+            await self.results_hook(results)
         # a model's own error answer counts as a success, as Triton's statistics count it
         failed = [r.error is not None and not r.answered_by_model for r in results]
         stats.settle([r.enqueue_ns for r in requests], failed, time.time_ns())

@@ -122,6 +122,8 @@ def triton_instance(
             f"{path}: {TRITON_CLASS}.initialize failed: {type(exc).__name__}: {exc}"
         ) from exc
     output_types = {o.name: o.datatype for o in spec.outputs}
+    # an implicit state's output goes back to the server, which keeps it for the next request
+    output_types |= {state.output_name: state.datatype for state in spec.config.sequence_states}
     return TritonInstance(spec.name, model, path.parent, output_types, owner)
 
 

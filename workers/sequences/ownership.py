@@ -16,10 +16,19 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from sluice.shared import keys
+from sluice.shared.implicit_state import pack_states, unpack_states
 from sluice.shared.lua import Lua
-from sluice.shared.protocol import ProtocolError, Request, decode_requests
+from sluice.shared.protocol import (
+    ProtocolError,
+    Request,
+    Result,
+    Tensor,
+    decode_requests,
+    decode_results,
+    encode_results,
+)
 from sluice.shared.redis_client import REDIS_ERRORS
-from sluice.shared.sequence_routing import CLAIM_LEASE_MS, RELEASE
+from sluice.shared.sequence_routing import CLAIM_LEASE_MS, OWNER_LEASE_MS, RELEASE, TAKE_OVER
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +54,14 @@ class SequenceOwnership:
         self.owners = keys.sequence_owners(model)
         self.stream = keys.sequence_stream(model, worker)
         self.lease = keys.sequence_lease(model, worker)
+        self.held = keys.sequence_held(model, worker)
 
     async def renew(self, held: Iterable[int | str], count: int) -> None:
         """Renew our lease and our claims, and say how many sequences we hold (our load)."""
         pipe = self.redis.pipeline(transaction=False)
-        pipe.set(self.lease, 1, px=CLAIM_LEASE_MS)
+        pipe.set(self.lease, 1, px=OWNER_LEASE_MS)
         pipe.zadd(self.owners, {self.worker: count})
+        pipe.pexpire(self.held, CLAIM_LEASE_MS)
         for sequence_id in held:
             pipe.pexpire(keys.sequence_claim(self.model, sequence_id), CLAIM_LEASE_MS)
         await pipe.execute()
@@ -58,7 +69,7 @@ class SequenceOwnership:
     async def release(self, sequence_id: int | str) -> None:
         """Let a sequence go: its claim, if still ours, is deleted."""
         claim = keys.sequence_claim(self.model, sequence_id)
-        await RELEASE.run(self.redis, [claim, self.owners], [self.worker])
+        await RELEASE.run(self.redis, [claim, self.held], [self.worker])
 
     async def retire(self) -> None:
         """We stop: no new sequence comes to us, and requests of ours meet the lost error."""
@@ -68,17 +79,70 @@ class SequenceOwnership:
         except REDIS_ERRORS as exc:
             log.warning("%s: could not retire as a sequence owner: %s", self.model, exc)
 
-    async def dead_owners(self) -> list[str]:
-        """Owners whose lease lapsed, each removed by us (the one caller that removed it)."""
+    async def take_over(self, owner: str) -> int:
+        """Take a dead owner's sequences and queued requests over (a checkpointing model):
+        the requests moved to our stream, or -1 if it was not ours to take."""
+        script_keys = [
+            self.owners,
+            keys.sequence_lease(self.model, owner),
+            keys.sequence_held(self.model, owner),
+            keys.sequence_stream(self.model, owner),
+            self.held,
+            self.stream,
+        ]
+        moved = await TAKE_OVER.run(self.redis, script_keys, [owner, self.worker, CLAIM_LEASE_MS])
+        return int(moved)
+
+    async def checkpoint(
+        self, sequence_id: int | str, states: list[Tensor], result: Result, ttl_ms: int
+    ) -> None:
+        """Keep a sequence's state after a step, with that step's request id and result."""
+        key = keys.sequence_checkpoint(self.model, sequence_id)
+        answer = encode_results([result])
+        pipe = self.redis.pipeline(transaction=True)
+        state = pack_states(states)
+        pipe.execute_command(
+            "HSET", key, "state", state, "last", result.id, "h", answer["h"], "d", answer["d"]
+        )
+        pipe.pexpire(key, ttl_ms)
+        await pipe.execute()
+
+    async def restore(self, sequence_id: int | str) -> tuple[list[Tensor], str, Result] | None:
+        """A sequence's kept state, the id of the request of its last step and that step's
+        result (None: nothing kept)."""
+        kept: Any = await self.redis.hgetall(keys.sequence_checkpoint(self.model, sequence_id))
+        if not kept:
+            return None
+        fields = {_text(k): v for k, v in kept.items()}
+        (result,) = decode_results({b"h": fields["h"], b"d": fields["d"]})
+        return unpack_states(fields["state"]), _text(fields["last"]), result
+
+    async def forget(self, sequence_id: int | str) -> None:
+        """The sequence ended: its kept state goes."""
+        await self.redis.delete(keys.sequence_checkpoint(self.model, sequence_id))
+
+    async def lapsed(self) -> list[str]:
+        """Other owners whose lease lapsed: dead, or stopped."""
         members = [_text(m) for m in await self.redis.zrange(self.owners, 0, -1)]
-        dead = []
-        for member in members:
-            if member == self.worker:
-                continue
-            lease = keys.sequence_lease(self.model, member)
-            if await _BURY.run(self.redis, [self.owners, lease], [member]):
-                dead.append(member)
-        return dead
+        others = [m for m in members if m != self.worker]
+        if not others:
+            return []
+        alive = await self.redis.exists(*(keys.sequence_lease(self.model, m) for m in others))
+        if alive == len(others):
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for member in others:
+            pipe.exists(keys.sequence_lease(self.model, member))
+        return [m for m, up in zip(others, await pipe.execute(), strict=True) if not up]
+
+    async def bury(self, owner: str) -> bool:
+        """Remove a dead owner (a model that keeps no state): True for the one caller that did,
+        which then answers its requests (`orphans`)."""
+        script_keys = [self.owners, keys.sequence_lease(self.model, owner)]
+        if not await _BURY.run(self.redis, script_keys, [owner]):
+            return False
+        await self.redis.delete(keys.sequence_held(self.model, owner))
+        return True
 
     async def orphans(self, owner: str) -> list[Request]:
         """The requests left on a dead owner's stream, which is then deleted."""

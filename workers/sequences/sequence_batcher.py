@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 T = TypeVar("T")
 
@@ -58,6 +58,8 @@ class Sequence(Generic[T]):
     running: bool = False
     #: its END was queued: it leaves its slot once that has run.
     ending: bool = False
+    #: its implicit state after its last step (the loop's; None: it starts from the initial).
+    state: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +130,12 @@ class SequenceBatcher(Generic[T]):
             sequence.ending = True
             del self.known[key]
         return True
+
+    def adopt(self, key: SequenceId, state: Any, now_ns: int) -> None:
+        """Go on with a sequence another worker ran (it died), from its kept `state`."""
+        sequence: Sequence[T] = Sequence(key, next(self._order), now_ns, state=state)
+        self.known[key] = sequence
+        self._place(sequence)
 
     def _place(self, sequence: Sequence[T]) -> None:
         if self.free:

@@ -23,10 +23,15 @@ from typing import Any
 from sluice.shared import keys
 from sluice.shared.errors import SluiceError
 from sluice.shared.model_config import ModelSpec
-from sluice.shared.protocol import Request, Result
+from sluice.shared.protocol import Request, Result, Tensor
 from sluice.shared.redis_client import REDIS_ERRORS
 from sluice.shared.sequence_controls import SEQUENCE_END, SEQUENCE_ID, SEQUENCE_START, Flags
-from sluice.shared.sequence_routing import RENEW_S, sequence_lost, start_missing
+from sluice.shared.sequence_routing import (
+    CLAIM_LEASE_MS,
+    RENEW_S,
+    sequence_lost,
+    start_missing,
+)
 from sluice.workers.batching.answering import Answering
 from sluice.workers.batching.batcher import Pending
 from sluice.workers.batching.pending import Queued
@@ -88,6 +93,16 @@ class SequenceLoop:
         self.ownership = ownership
         self.batcher: SequenceBatcher[Queued] = SequenceBatcher(sequence_rules(spec))
         self.controls = spec.config.sequence_controls
+        self.states = spec.config.sequence_states
+        #: the state outputs, which are the server's, not the client's.
+        self._state_outputs = {s.output_name for s in self.states} - {o.name for o in spec.outputs}
+        self.checkpointed = spec.config.sequence_checkpoint and bool(self.states)
+        #: kept state lives as long as an idle sequence, and a dead owner's claims, may
+        self.checkpoint_ttl_ms = self.batcher.rules.idle_ns // 1_000_000 + CLAIM_LEASE_MS
+        #: request id -> its place in its sequence, while its batch runs (a stateful model's).
+        self._members: dict[str, Member[Queued]] = {}
+        if self.states:
+            answering.results_hook = self._keep_states
         self.batched = spec.max_batch_size > 0
         self.clock_ns = clock_ns
         #: requests queued for their sequences at most; past it the reader stops reading.
@@ -135,12 +150,36 @@ class SequenceLoop:
             params = item.request.parameters
             key = params.get(SEQUENCE_ID)
             start, end = bool(params.get(SEQUENCE_START)), bool(params.get(SEQUENCE_END))
+            if (
+                self.checkpointed
+                and key is not None
+                and not start
+                and key not in self.batcher.known
+            ):
+                replayed = await self._adopt(key, item, end, now_ns)
+                if replayed is not None:
+                    refused.append((item, replayed))
+                    continue
             if key is None or not self.batcher.add(key, item, start, end, now_ns):
                 error = start_missing(self.spec.name, key if key is not None else 0)
                 refused.append((item, Result(item.request.id, error=(error.code, error.message))))
             elif start:
                 self._changed.set()
         await self.answering.reject(refused)
+
+    async def _adopt(self, key: int | str, item: Queued, end: bool, now_ns: int) -> Result | None:
+        """A request of a sequence we do not hold, moved to us from an owner that died: go on
+        from the state it kept. If that owner ran this very request but died before answering
+        it, the kept result answers it (returned), so no step runs twice."""
+        kept = await self.ownership.restore(key)
+        if kept is None:
+            return None  # never started, ended, or idle too long: Triton's START error follows
+        state, last_id, result = kept
+        replayed = item.request.id == last_id
+        if not (replayed and end):
+            self.batcher.adopt(key, state, now_ns)
+            log.info("%s: sequence %s taken over from its kept state", self.spec.name, key)
+        return result if replayed else None
 
     def _launch(self, now_ns: int) -> int | None:
         """Start a batch on every free lane that has one; how long until one is due (ns)."""
@@ -153,7 +192,7 @@ class SequenceLoop:
                 wait_ns = decision if wait_ns is None else min(wait_ns, decision)
                 continue
             for member in decision:
-                self._fill_controls(member)
+                self._prepare(member)
             batch_id = next(self._batch_ids)
             self._running[batch_id] = decision
             batch = [m.step.item for m in decision]
@@ -167,13 +206,47 @@ class SequenceLoop:
         self._published.append(batch_id)
         self.state.wake.set()
 
-    def _fill_controls(self, member: Member[Queued]) -> None:
+    def _prepare(self, member: Member[Queued]) -> None:
+        """The request's control inputs, and its implicit state: the initial one on START,
+        else its sequence's after the last step (its state output asked for)."""
         request: Request = member.step.item.request
         flags = Flags(member.sequence.key, start=member.step.start, end=member.step.end)
-        names = {c.name for c in self.controls}
-        request.inputs = [t for t in request.inputs if t.name not in names] + [
-            c.wire(flags, self.batched) for c in self.controls
-        ]
+        given = [c.wire(flags, self.batched) for c in self.controls]
+        if self.states:
+            held = None if member.step.start else member.sequence.state
+            given += held if held is not None else [s.initial(self.batched) for s in self.states]
+            if request.outputs is not None:
+                wanted = [
+                    s.output_name for s in self.states if s.output_name not in request.outputs
+                ]
+                request.outputs = (*request.outputs, *wanted)
+            self._members[request.id] = member
+        names = {t.name for t in given}
+        request.inputs = [t for t in request.inputs if t.name not in names] + given
+
+    async def _keep_states(self, results: list[Result]) -> None:
+        """After a step: each sequence keeps its state output as its next state input (and,
+        checkpointing, in Redis), and the client gets the model's other outputs."""
+        for result in results:
+            member = self._members.pop(result.id, None)
+            if member is None:
+                continue
+            returned = {t.name: t for t in result.outputs}
+            result.outputs = [t for t in result.outputs if t.name not in self._state_outputs]
+            if result.error is not None or any(s.output_name not in returned for s in self.states):
+                continue
+            state = [
+                Tensor(s.input_name, t.datatype, t.shape, bytes(t.data))
+                for s, t in ((s, returned[s.output_name]) for s in self.states)
+            ]
+            member.sequence.state = state
+            if not self.checkpointed:
+                continue
+            key = member.sequence.key
+            if member.step.end:
+                await self.ownership.forget(key)
+            else:
+                await self.ownership.checkpoint(key, state, result, self.checkpoint_ttl_ms)
 
     async def _release_idle(self, now_ns: int) -> None:
         released = self.batcher.idle(now_ns)
@@ -211,8 +284,16 @@ class SequenceLoop:
         while True:
             held = list(self.batcher.known)
             await self.ownership.renew(held, self.batcher.holding)
-            for owner in await self.ownership.dead_owners():
-                await self._answer_orphans(owner)
+            for owner in await self.ownership.lapsed():
+                if self.checkpointed:
+                    moved = await self.ownership.take_over(owner)
+                    if moved >= 0:
+                        log.warning(
+                            "%s: worker %s died: its sequences go on here (%d requests moved)",
+                            *(self.spec.name, owner, moved),
+                        )
+                elif await self.ownership.bury(owner):
+                    await self._answer_orphans(owner)
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), RENEW_S)

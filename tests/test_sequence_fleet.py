@@ -1,0 +1,212 @@
+"""Sequences across a fleet: two workers behind two gateways, a worker SIGKILLed mid-sequence.
+
+By default, as in Triton, the sequences of the dead worker are lost: their next requests get a
+clear error, never a hang, while the other worker's sequences go on. With
+SEQUENCE_STATE_CHECKPOINT, the surviving worker takes the dead one's sequences over from the
+state they kept, and every sequence ends with the right sum.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import textwrap
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from sluice.shared import keys
+from sluice.shared.redis_client import sync_client
+
+from tests.conftest import Service, start_sluice, stop_service, wait_until
+from tests.streams import start_worker, write_python_model
+
+CONFIG = """
+name: "{name}"
+backend: "python"
+max_batch_size: 32
+sequence_batching {{
+  max_sequence_idle_microseconds: 60000000
+  control_input [
+    {{ name: "START", control [ {{ kind: CONTROL_SEQUENCE_START, int32_false_true: [ 0, 1 ] }} ] }}
+  ]
+  state [
+    {{
+      input_name: "TOTAL_IN"
+      output_name: "TOTAL_OUT"
+      data_type: TYPE_INT32
+      dims: [ 1 ]
+      initial_state: {{ data_type: TYPE_INT32, dims: [ 1 ], zero_data: true, name: "zero" }}
+    }}
+  ]
+}}
+input [ {{ name: "INPUT", data_type: TYPE_INT32, dims: [ 1 ] }} ]
+output [ {{ name: "OUTPUT", data_type: TYPE_INT32, dims: [ 1 ] }} ]
+{parameters}
+"""
+
+CHECKPOINT = 'parameters [ { key: "SEQUENCE_STATE_CHECKPOINT", value: { string_value: "true" } } ]'
+
+MODEL = textwrap.dedent('''
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        """The running sum of INPUT over a sequence, kept only in the implicit state."""
+
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                value = pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy()
+                total = pb_utils.get_input_tensor_by_name(request, "TOTAL_IN").as_numpy() + value
+                responses.append(pb_utils.InferenceResponse([
+                    pb_utils.Tensor("OUTPUT", total), pb_utils.Tensor("TOTAL_OUT", total)
+                ]))
+            return responses
+''')
+
+#: fewer than one worker's slots (max_batch_size): each sequence is driven one step at a time,
+#: so a sequence waiting in the backlog would hold the others back until one idled out.
+SEQUENCES = 20
+STEPS = 8
+KILL_AFTER = 4
+
+
+def _repo(root: Path, name: str, checkpoint: bool) -> Path:
+    config = CONFIG.format(name=name, parameters=CHECKPOINT if checkpoint else "")
+    return write_python_model(root, name, config, MODEL)
+
+
+def _infer(gateway: Service, model: str, sequence_id: int, value: int, step: int) -> Any:
+    """One step of a sequence: (status, its OUTPUT or its error, the outputs' names)."""
+    body = {
+        "inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "INT32", "data": [value]}],
+        "parameters": {
+            "sequence_id": sequence_id,
+            "sequence_start": step == 0,
+            "sequence_end": step == STEPS - 1,
+        },
+    }
+    request = urllib.request.Request(
+        f"http://{gateway.http_url}/v2/models/{model}/infer", json.dumps(body).encode()
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            answer = json.loads(reply.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())["error"], []
+    outputs = {o["name"]: o["data"][0] for o in answer["outputs"]}
+    return 200, outputs.get("OUTPUT"), sorted(outputs)
+
+
+class Fleet:
+    """Two workers and two gateways on one Redis."""
+
+    def __init__(self, repo: Path, redis_url: str, model: str) -> None:
+        self.redis = sync_client(redis_url)
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self.gateways: list[Service] = []
+        self.workers = [start_worker(repo, redis_url) for _ in range(2)]
+        owners = keys.sequence_owners(model)
+        wait_until(lambda: self.redis.zcard(owners) == 2, "both workers to own sequences")
+        self.gateways = [start_sluice("gateway", ["--redis-url", redis_url]) for _ in range(2)]
+
+    def close(self) -> None:
+        for gateway in self.gateways:
+            stop_service(gateway)
+        for worker in self.workers:
+            if worker.poll() is None:
+                worker.terminate()
+                worker.wait(30)
+        self.redis.close()
+
+
+def _run(fleet: Fleet, model: str) -> dict[int, list[tuple[int, Any]]]:
+    """20 sequences, taking turns step by step over the two gateways; one worker is
+    SIGKILLed after KILL_AFTER steps. Each sequence's answers, in order."""
+    answers: dict[int, list[tuple[int, Any]]] = {s: [] for s in range(1, SEQUENCES + 1)}
+    for step in range(STEPS):
+        if step == KILL_AFTER:
+            fleet.workers[0].send_signal(signal.SIGKILL)
+            fleet.workers[0].wait(30)
+        for sequence_id, got in answers.items():
+            if got and got[-1][0] != 200:
+                continue  # lost: nothing more to send
+            gateway = fleet.gateways[(sequence_id + step) % 2]
+            status, value, _ = _infer(gateway, model, sequence_id, sequence_id + step, step)
+            got.append((status, value))
+    return answers
+
+
+def _sums(sequence_id: int) -> list[int]:
+    total, sums = 0, []
+    for step in range(STEPS):
+        total += sequence_id + step
+        sums.append(total)
+    return sums
+
+
+def test_a_stateful_sequence_carries_its_state_and_hides_it_from_the_client(
+    tmp_path: Path, redis_url: str
+) -> None:
+    repo = _repo(tmp_path, "total", checkpoint=False)
+    worker = start_worker(repo, redis_url)
+    gateway = start_sluice("gateway", ["--redis-url", redis_url])
+    try:
+        redis = sync_client(redis_url)
+        wait_until(lambda: redis.zcard(keys.sequence_owners("total")) == 1, "the worker")
+        answers = [_infer(gateway, "total", 5, 5 + step, step) for step in range(STEPS)]
+        assert [value for _, value, _ in answers] == _sums(5)
+        assert {tuple(names) for _, _, names in answers} == {("OUTPUT",)}
+        # the END forgot the sequence: a request without START is Triton's error
+        status, error, _ = _infer(gateway, "total", 5, 1, 1)
+        assert status == 400
+        assert error == (
+            "inference request for sequence 5 to model 'total' must specify the START flag on "
+            "the first request of the sequence"
+        )
+        # a new START begins from the initial state again
+        assert _infer(gateway, "total", 5, 3, 0)[1] == 3
+    finally:
+        stop_service(gateway)
+        worker.terminate()
+        worker.wait(30)
+
+
+def _with_a_worker_killed(
+    root: Path, redis_url: str, model: str, checkpoint: bool
+) -> dict[int, list[tuple[int, Any]]]:
+    fleet = Fleet(_repo(root, model, checkpoint), redis_url, model)
+    try:
+        return _run(fleet, model)
+    finally:
+        fleet.close()
+
+
+def test_the_sequences_of_a_killed_worker_are_lost_with_a_clear_error(
+    tmp_path: Path, redis_url: str
+) -> None:
+    answers = _with_a_worker_killed(tmp_path, redis_url, "total", checkpoint=False)
+    lost = {s for s, got in answers.items() if got[-1][0] != 200}
+    assert 0 < len(lost) < SEQUENCES  # the load went to both workers
+    for sequence_id, got in answers.items():
+        statuses = [status for status, _ in got]
+        if sequence_id in lost:
+            assert statuses == [200] * KILL_AFTER + [503]
+            assert got[-1][1] == (
+                f"sequence {sequence_id} of model 'total' was lost: the worker that held its "
+                "state stopped; start the sequence again"
+            )
+            assert [value for _, value in got[:KILL_AFTER]] == _sums(sequence_id)[:KILL_AFTER]
+        else:
+            assert got == [(200, total) for total in _sums(sequence_id)]
+
+
+def test_with_checkpoints_every_sequence_of_a_killed_worker_goes_on_elsewhere(
+    tmp_path: Path, redis_url: str
+) -> None:
+    answers = _with_a_worker_killed(tmp_path, redis_url, "kept", checkpoint=True)
+    for sequence_id, got in answers.items():
+        assert got == [(200, total) for total in _sums(sequence_id)], sequence_id
