@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sluice.shared import keys
 from sluice.shared.redis_client import sync_client
 
@@ -123,13 +124,13 @@ class Fleet:
         self.redis.close()
 
 
-def _run(fleet: Fleet, model: str) -> dict[int, list[tuple[int, Any]]]:
-    """20 sequences, taking turns step by step over the two gateways; one worker is
-    SIGKILLed after KILL_AFTER steps. Each sequence's answers, in order."""
+def _run(fleet: Fleet, model: str, stop: signal.Signals) -> dict[int, list[tuple[int, Any]]]:
+    """20 sequences, taking turns step by step over the two gateways; one worker gets `stop`
+    after KILL_AFTER steps. Each sequence's answers, in order."""
     answers: dict[int, list[tuple[int, Any]]] = {s: [] for s in range(1, SEQUENCES + 1)}
     for step in range(STEPS):
         if step == KILL_AFTER:
-            fleet.workers[0].send_signal(signal.SIGKILL)
+            fleet.workers[0].send_signal(stop)
             fleet.workers[0].wait(30)
         for sequence_id, got in answers.items():
             if got and got[-1][0] != 200:
@@ -176,11 +177,11 @@ def test_a_stateful_sequence_carries_its_state_and_hides_it_from_the_client(
 
 
 def _with_a_worker_killed(
-    root: Path, redis_url: str, model: str, checkpoint: bool
+    root: Path, redis_url: str, model: str, checkpoint: bool, stop: signal.Signals
 ) -> dict[int, list[tuple[int, Any]]]:
     fleet = Fleet(_repo(root, model, checkpoint), redis_url, model)
     try:
-        return _run(fleet, model)
+        return _run(fleet, model, stop)
     finally:
         fleet.close()
 
@@ -188,7 +189,7 @@ def _with_a_worker_killed(
 def test_the_sequences_of_a_killed_worker_are_lost_with_a_clear_error(
     tmp_path: Path, redis_url: str
 ) -> None:
-    answers = _with_a_worker_killed(tmp_path, redis_url, "total", checkpoint=False)
+    answers = _with_a_worker_killed(tmp_path, redis_url, "total", False, signal.SIGKILL)
     lost = {s for s, got in answers.items() if got[-1][0] != 200}
     assert 0 < len(lost) < SEQUENCES  # the load went to both workers
     for sequence_id, got in answers.items():
@@ -204,9 +205,10 @@ def test_the_sequences_of_a_killed_worker_are_lost_with_a_clear_error(
             assert got == [(200, total) for total in _sums(sequence_id)]
 
 
-def test_with_checkpoints_every_sequence_of_a_killed_worker_goes_on_elsewhere(
-    tmp_path: Path, redis_url: str
+@pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGTERM])
+def test_with_checkpoints_every_sequence_of_a_stopped_worker_goes_on_elsewhere(
+    tmp_path: Path, redis_url: str, stop: signal.Signals
 ) -> None:
-    answers = _with_a_worker_killed(tmp_path, redis_url, "kept", checkpoint=True)
+    answers = _with_a_worker_killed(tmp_path, redis_url, "kept", True, stop)
     for sequence_id, got in answers.items():
         assert got == [(200, total) for total in _sums(sequence_id)], sequence_id

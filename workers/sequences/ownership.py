@@ -72,10 +72,11 @@ class SequenceOwnership:
         await RELEASE.run(self.redis, [claim, self.held], [self.worker])
 
     async def retire(self) -> None:
-        """We stop: no new sequence comes to us, and requests of ours meet the lost error."""
+        """We stop: our lease goes, so no new sequence comes to us and our sequences' next
+        requests meet the lost error (or queue for the owner that takes them over); we stay
+        among the owners until a live one has answered or moved what is left on our stream."""
         try:
             await self.redis.delete(self.lease)
-            await self.redis.zrem(self.owners, self.worker)
         except REDIS_ERRORS as exc:
             log.warning("%s: could not retire as a sequence owner: %s", self.model, exc)
 

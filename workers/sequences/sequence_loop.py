@@ -114,11 +114,18 @@ class SequenceLoop:
         #: the batches whose answers were written since the loop last looked.
         self._published: list[int] = []
         self._changed = asyncio.Event()
+        #: we stop: our lease is no longer renewed.
+        self.retired = False
 
     async def run(self) -> None:
         state = self.state
         try:
             while not (state.finished and not self._running and self.batcher.empty):
+                if state.stopping and not self.retired:
+                    # no new sequence comes to us, and our sequences' next requests meet the
+                    # lost error (or, checkpointed, queue for the owner that takes them over)
+                    self.retired = True
+                    await self.ownership.retire()
                 now_ns = self.clock_ns()
                 await self.answering.expire(state.expired(now_ns))
                 self._collect(now_ns)
@@ -133,6 +140,7 @@ class SequenceLoop:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(state.wake.wait(), self._wait_s(wait_ns, now_ns))
         finally:
+            self.retired = True
             await self.ownership.retire()
 
     def _collect(self, now_ns: int) -> None:
@@ -268,9 +276,12 @@ class SequenceLoop:
 
     async def _drop_all(self) -> None:
         """Stopping with sequences still open: their queued requests are answered with the
-        lost-sequence error (their claims go with our lease)."""
+        lost-sequence error (their claims go with our lease), unless their state is kept: then
+        they stay on our stream, unanswered, for the owner that takes our sequences over."""
         sequences = [*self.batcher.slotted.values(), *self.batcher.backlog]
         left = self.batcher.drop(sequences)
+        if self.checkpointed:
+            return
         refused = []
         for step in left:
             request = step.item.request
@@ -281,7 +292,7 @@ class SequenceLoop:
     async def keep_ownership(self) -> None:
         """Renew our lease and claims every `RENEW_S` (and when sequences come or go), and
         answer the requests of owners that died."""
-        while True:
+        while not self.retired:
             held = list(self.batcher.known)
             await self.ownership.renew(held, self.batcher.holding)
             for owner in await self.ownership.lapsed():
