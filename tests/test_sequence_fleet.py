@@ -17,10 +17,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from sluice.shared import keys
 from sluice.shared.redis_client import sync_client
 
+from sluice.client.direct import RedisClient
+from sluice.client.errors import InvalidRequest
 from tests.conftest import Service, start_sluice, stop_service, wait_until
 from tests.streams import start_worker, write_python_model
 
@@ -212,3 +215,30 @@ def test_with_checkpoints_every_sequence_of_a_stopped_worker_goes_on_elsewhere(
     answers = _with_a_worker_killed(tmp_path, redis_url, "kept", True, stop)
     for sequence_id, got in answers.items():
         assert got == [(200, total) for total in _sums(sequence_id)], sequence_id
+
+
+def test_jobs_put_on_the_models_stream_reach_their_sequences_owner(
+    tmp_path: Path, redis_url: str
+) -> None:
+    repo = _repo(tmp_path, "total", checkpoint=False)
+    workers = [start_worker(repo, redis_url) for _ in range(2)]
+    client = RedisClient(redis_url)
+    try:
+        wait_until(lambda: client.redis.zcard(keys.sequence_owners("total")) == 2, "the workers")
+        totals = []
+        for step in range(STEPS):
+            parameters = {"sequence_id": "job-7", "sequence_start": step == 0}
+            job = client.submit(
+                "total", {"INPUT": np.array([[7 + step]], np.int32)}, parameters=parameters
+            )
+            totals.append(int(job.result(timeout_s=60)["OUTPUT"][0][0]))
+        assert totals == _sums(7)
+        with pytest.raises(InvalidRequest, match="must specify the START flag"):
+            client.submit(
+                "total", {"INPUT": np.array([[1]], np.int32)}, parameters={"sequence_id": "other"}
+            ).result(timeout_s=60)
+    finally:
+        client.close()
+        for worker in workers:
+            worker.terminate()
+            worker.wait(30)

@@ -155,6 +155,14 @@ class Publisher:
         onward = await continue_steps(self._wire, steps, REPLY_STREAM_MAXLEN) if steps else []
         await self._send(by_route, finish, len(results), done, onward)
 
+    async def forwarded(self, items: Sequence[Queued]) -> None:
+        """Requests sent on to another stream, whose reader answers them (a sequence's, to
+        the worker that owns it): their entries are acked once all their requests were."""
+        done = self._settle(items, [Result(q.request.id) for q in items], ())
+        finish = [c for stream, ids in done.items() for c in self._finish(stream, ids, 0, 0, [])]
+        if finish:
+            await self._wire.execute(*finish)
+
     def _finish(
         self, stream: str, ids: list[bytes], level: int, answered: int, records: list[bytes]
     ) -> list[Command]:

@@ -80,8 +80,10 @@ class ModelQueue:
             for lv in policy.levels
         }
         sequenced = spec.config.sequence_batched
-        if sequenced:  # only the sequences this worker owns come to it, on a stream of its own
-            streams = {keys.sequence_stream(spec.name, consumer): 0}
+        if sequenced:
+            # the sequences this worker owns come to it on a stream of its own; a request put
+            # on the model's streams (not by a gateway: a job, a BLS call) is sent on to its owner
+            streams = {keys.sequence_stream(spec.name, consumer): 0, **streams}
         self.state = QueueState(
             batch_rules(spec, batch_delay), spec.instance_count, len(policy.levels)
         )

@@ -23,12 +23,20 @@ from typing import Any
 from sluice.shared import keys
 from sluice.shared.errors import SluiceError
 from sluice.shared.model_config import ModelSpec
-from sluice.shared.protocol import Request, Result, Tensor
+from sluice.shared.protocol import Request, Result, Tensor, encode_requests
 from sluice.shared.redis_client import REDIS_ERRORS
-from sluice.shared.sequence_controls import SEQUENCE_END, SEQUENCE_ID, SEQUENCE_START, Flags
+from sluice.shared.sequence_controls import (
+    SEQUENCE_END,
+    SEQUENCE_ID,
+    SEQUENCE_START,
+    Flags,
+    check_sequence_request,
+)
 from sluice.shared.sequence_routing import (
     CLAIM_LEASE_MS,
     RENEW_S,
+    route_command,
+    route_error,
     sequence_lost,
     start_missing,
 )
@@ -154,7 +162,12 @@ class SequenceLoop:
 
     async def _take(self, items: list[Queued], now_ns: int) -> None:
         refused: list[tuple[Queued, Result]] = []
+        elsewhere = [item for item in items if item.stream != self.ownership.stream]
+        if elsewhere:
+            await self._forward(elsewhere)
         for item in items:
+            if item.stream != self.ownership.stream:
+                continue
             params = item.request.parameters
             key = params.get(SEQUENCE_ID)
             start, end = bool(params.get(SEQUENCE_START)), bool(params.get(SEQUENCE_END))
@@ -174,6 +187,35 @@ class SequenceLoop:
             elif start:
                 self._changed.set()
         await self.answering.reject(refused)
+
+    async def _forward(self, items: list[Queued]) -> None:
+        """Requests read from the model's own streams (put there by a job, a BLS call, the
+        direct client) go to the owner of their sequence, as a gateway would route them."""
+        refused: list[tuple[Queued, Result]] = []
+        sent: list[Queued] = []
+        for item in items:
+            request = item.request
+            try:
+                check_sequence_request(self.spec.name, request.parameters, item.pending.batch_size)
+                command = route_command(
+                    self.spec.name,
+                    request.parameters,
+                    encode_requests([request]),
+                    self.checkpointed,
+                )
+                error = route_error(
+                    self.spec.name,
+                    request.parameters[SEQUENCE_ID],
+                    await self.ownership.redis.execute_command(*command),
+                )
+            except SluiceError as exc:
+                error = exc
+            if error is None:
+                sent.append(item)
+            else:
+                refused.append((item, Result(request.id, error=(error.code, error.message))))
+        await self.answering.reject(refused)
+        await self.answering.publisher.forwarded(sent)
 
     async def _adopt(self, key: int | str, item: Queued, end: bool, now_ns: int) -> Result | None:
         """A request of a sequence we do not hold, moved to us from an owner that died: go on
