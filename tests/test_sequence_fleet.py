@@ -105,6 +105,12 @@ def _infer(gateway: Service, model: str, sequence_id: int, value: int, step: int
     return 200, outputs.get("OUTPUT"), sorted(outputs)
 
 
+def _inferences(gateway: Service, model: str) -> int:
+    url = f"http://{gateway.http_url}/v2/models/{model}/stats"
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        return int(json.loads(reply.read())["model_stats"][0]["inference_count"])
+
+
 class Fleet:
     """Two workers and two gateways on one Redis."""
 
@@ -173,6 +179,8 @@ def test_a_stateful_sequence_carries_its_state_and_hides_it_from_the_client(
         )
         # a new START begins from the initial state again
         assert _infer(gateway, "total", 5, 3, 0)[1] == 3
+        # each step counts in Triton's statistics, the last one too (written once idle)
+        wait_until(lambda: _inferences(gateway, "total") == STEPS + 1, "the statistics")
     finally:
         stop_service(gateway)
         worker.terminate()

@@ -155,6 +155,11 @@ class Publisher:
         onward = await continue_steps(self._wire, steps, REPLY_STREAM_MAXLEN) if steps else []
         await self._send(by_route, finish, len(results), done, onward)
 
+    @property
+    def holds_statistics(self) -> bool:
+        """Statistics were held back for a later batch's (see `publish`'s `defer_statistics`)."""
+        return bool(self._unwritten)
+
     async def forwarded(self, items: Sequence[Queued]) -> None:
         """Requests sent on to another stream, whose reader answers them (a sequence's, to
         the worker that owns it): their entries are acked once all their requests were."""

@@ -145,6 +145,10 @@ class SequenceLoop:
                     await self._drop_all()
                     break
                 state.wake.clear()
+                if not self._running and self.answering.publisher.holds_statistics:
+                    # a batch's statistics wait for a later one's while sequences are open:
+                    # nothing runs now, so they are written (a read meanwhile wakes us)
+                    await self.answering.publisher.publish([], [])
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(state.wake.wait(), self._wait_s(wait_ns, now_ns))
         finally:
