@@ -250,3 +250,53 @@ def test_jobs_put_on_the_models_stream_reach_their_sequences_owner(
         for worker in workers:
             worker.terminate()
             worker.wait(30)
+
+
+SLOTS_CONFIG = """
+name: "slots"
+backend: "python"
+max_batch_size: 4
+sequence_batching {
+  control_input [
+    { name: "READY", control [ { kind: CONTROL_SEQUENCE_READY, int32_false_true: [ 0, 1 ] } ] }
+  ]
+}
+input [ { name: "INPUT", data_type: TYPE_INT32, dims: [ 1 ] } ]
+output [ { name: "OUTPUT", data_type: TYPE_INT32, dims: [ 1 ] } ]
+"""
+
+SLOTS_MODEL = textwrap.dedent('''
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        """10 x the requests of the batch, plus the request's READY."""
+
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                ready = pb_utils.get_input_tensor_by_name(request, "READY").as_numpy()
+                answer = (10 * len(requests) + ready).astype(np.int32)
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", answer)]))
+            return responses
+''')
+
+
+def test_a_direct_batch_fills_the_empty_slots_below_its_last_with_null_requests(
+    tmp_path: Path, redis_url: str
+) -> None:
+    repo = write_python_model(tmp_path, "slots", SLOTS_CONFIG, SLOTS_MODEL)
+    worker = start_worker(repo, redis_url)
+    gateway = start_sluice("gateway", ["--redis-url", redis_url])
+    try:
+        redis = sync_client(redis_url)
+        wait_until(lambda: redis.zcard(keys.sequence_owners("slots")) == 1, "the worker")
+        assert _infer(gateway, "slots", 1, 0, 0)[1] == 11  # sequence 1 takes slot 0, alone
+        # sequence 2 in slot 1 runs with a null request (READY false) in slot 0, as in Triton
+        assert _infer(gateway, "slots", 2, 0, 0)[1] == 21
+        assert _infer(gateway, "slots", 1, 0, 1)[1] == 11
+    finally:
+        stop_service(gateway)
+        worker.terminate()
+        worker.wait(30)

@@ -111,7 +111,9 @@ class Answering:
             started_ns = time.time_ns()
             running = self.instances.start(launch.lane, requests, sizes, here=launch.inline)
         stats = BatchStats(requests[0].version, sum(sizes), started_ns // 1_000_000)
-        stats.queue_samples_ns = [max(0, started_ns - r.enqueue_ns) for r in requests]
+        stats.queue_samples_ns = [
+            max(0, started_ns - q.request.enqueue_ns) for q in launch.batch if not q.filler
+        ]
         stats.early_answered, stats.early_dropped = early is not None, dropped
         answer = self._answer(launch, requests, sizes, stats, running)
         self.spawn(answer if published is None else _then(answer, published))
@@ -126,6 +128,11 @@ class Answering:
     ) -> None:
         lane, inline = launch.lane, launch.inline
         results = await self.instances.run_isolating(lane, requests, sizes, stats, running)
+        items: Sequence[Queued] = launch.batch
+        if any(q.filler for q in items):  # the null requests' answers are dropped
+            kept = [i for i, q in enumerate(items) if not q.filler]
+            items, results = [items[i] for i in kept], [results[i] for i in kept]
+            requests = [requests[i] for i in kept]
         if self.results_hook is not None:
             await self.results_hook(results)
         # a model's own error answer counts as a success, as Triton's statistics count it
@@ -138,7 +145,6 @@ class Answering:
             await asyncio.sleep(0)
         # statistics are summed over a short while when more work is in hand
         in_hand = not inline and self.state.in_hand
-        items: Sequence[Queued] = launch.batch
         if self.responses is not None:
             items, results = self._streamed(launch.batch, results)
         try:

@@ -29,6 +29,9 @@ class Queued:
     #: the request's own deadline for queue + execution (0: none).
     deadline_at_ns: int = 0
     delayed: bool = False
+    #: a null request of a sequence batch (an empty slot's, workers/sequences/): it runs with
+    #: the batch and its answer is dropped.
+    filler: bool = False
 
     def order(self) -> tuple[int, bool, int]:
         return (self.level, self.delayed, self.seq)

@@ -21,6 +21,7 @@ from functools import partial
 from typing import Any
 
 from sluice.shared import keys
+from sluice.shared.datatypes import element_count, serialize_bytes_elements
 from sluice.shared.errors import SluiceError
 from sluice.shared.model_config import ModelSpec
 from sluice.shared.protocol import Request, Result, Tensor, encode_requests
@@ -250,11 +251,40 @@ class SequenceLoop:
             batch_id = next(self._batch_ids)
             self._running[batch_id] = decision
             batch = [m.step.item for m in decision]
+            if self.batcher.rules.strategy == "direct":
+                batch = self._null_filled(decision, batch, now_ns)
             self.state.lane_taken(lane)
             self.answering.start(
                 Launch(lane, batch, inline=False), published=partial(self._answered, batch_id)
             )
         return wait_ns
+
+    def _null_filled(
+        self, members: list[Member[Queued]], batch: list[Queued], now_ns: int
+    ) -> list[Queued]:
+        """A `direct` batch holds slots 0 up to its highest ready one, in order: an empty slot
+        below it gets a null request, as Triton gives one (the first request's inputs as
+        zeros, READY, START and END false, CORRID 0), whose answer is dropped."""
+        slots = [m.sequence.slot.index if m.sequence.slot else 0 for m in members]
+        if slots == list(range(len(slots))):
+            return batch
+        by_slot = dict(zip(slots, batch, strict=True))
+        model = batch[0]
+        return [by_slot.get(i) or self._null(model, now_ns) for i in range(max(slots) + 1)]
+
+    def _null(self, model: Queued, now_ns: int) -> Queued:
+        real = model.request
+        zeros = [Tensor(t.name, t.datatype, t.shape, _zeros(t)) for t in real.inputs]
+        names = {c.name for c in self.controls} | {s.input_name for s in self.states}
+        flags = Flags(0, ready=False)
+        inputs = [t for t in zeros if t.name not in names] + [
+            c.wire(flags, self.batched) for c in self.controls
+        ]
+        inputs += [s.initial(self.batched) for s in self.states]
+        request = Request(
+            f"null:{next(self._batch_ids)}", real.version, now_ns, "", inputs, real.outputs
+        )
+        return Queued(request, model.stream, b"", model.pending, filler=True)
 
     def _answered(self, batch_id: int) -> None:
         self._published.append(batch_id)
@@ -376,3 +406,10 @@ def _lost(model: str, request: Request) -> Result:
 def _orphan(request: Request, stream: str) -> Queued:
     """A request read off a dead owner's (deleted) stream, to be answered."""
     return Queued(request, stream, b"0-0", Pending(None, 1, 0))
+
+
+def _zeros(tensor: Tensor) -> bytes:
+    """`tensor`'s data with every element zero (empty, for BYTES)."""
+    if tensor.datatype == "BYTES":
+        return serialize_bytes_elements([b""] * element_count(tensor.shape))
+    return bytes(len(tensor.data))
