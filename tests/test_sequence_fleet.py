@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from sluice.shared import keys
 from sluice.shared.redis_client import sync_client
 
@@ -296,6 +297,51 @@ def test_a_direct_batch_fills_the_empty_slots_below_its_last_with_null_requests(
         # sequence 2 in slot 1 runs with a null request (READY false) in slot 0, as in Triton
         assert _infer(gateway, "slots", 2, 0, 0)[1] == 21
         assert _infer(gateway, "slots", 1, 0, 1)[1] == 11
+    finally:
+        stop_service(gateway)
+        worker.terminate()
+        worker.wait(30)
+
+
+TORCHSCRIPT_CONFIG = """
+name: "ts_total"
+platform: "pytorch_libtorch"
+max_batch_size: 8
+sequence_batching {
+  control_input [
+    { name: "START", control [ { kind: CONTROL_SEQUENCE_START, int32_false_true: [ 0, 1 ] } ] }
+  ]
+  state [ { input_name: "TOTAL_IN", output_name: "TOTAL_OUT", data_type: TYPE_INT32, dims: [ 1 ] } ]
+}
+input [ { name: "INPUT", data_type: TYPE_INT32, dims: [ 1 ] } ]
+output [ { name: "OUTPUT", data_type: TYPE_INT32, dims: [ 1 ] } ]
+"""
+
+
+class _RunningTotal(torch.nn.Module):
+    """The running total of INPUT, plus 100 on a sequence's first step (its START)."""
+
+    def forward(
+        self, INPUT: torch.Tensor, START: torch.Tensor, TOTAL_IN: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        total = TOTAL_IN + INPUT
+        return total + 100 * START, total
+
+
+def test_a_torchscript_sequence_model_gets_its_controls_and_state_as_inputs(
+    tmp_path: Path, redis_url: str
+) -> None:
+    (tmp_path / "ts_total" / "1").mkdir(parents=True)
+    (tmp_path / "ts_total" / "config.pbtxt").write_text(TORCHSCRIPT_CONFIG)
+    torch.jit.script(_RunningTotal()).save(str(tmp_path / "ts_total" / "1" / "model.pt"))
+    worker = start_worker(tmp_path, redis_url)
+    gateway = start_sluice("gateway", ["--redis-url", redis_url])
+    try:
+        redis = sync_client(redis_url)
+        wait_until(lambda: redis.zcard(keys.sequence_owners("ts_total")) == 1, "the worker")
+        answers = [_infer(gateway, "ts_total", 3, 3 + step, step) for step in range(STEPS)]
+        assert [value for _, value, _ in answers] == [_sums(3)[0] + 100, *_sums(3)[1:]]
+        assert {tuple(names) for _, _, names in answers} == {("OUTPUT",)}
     finally:
         stop_service(gateway)
         worker.terminate()

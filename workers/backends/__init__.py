@@ -13,6 +13,7 @@ models serve.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import logging
@@ -23,7 +24,7 @@ from types import ModuleType
 
 import torch
 from sluice.shared.errors import ModelConfigError
-from sluice.shared.model_config import BACKEND_RULES, ModelSpec
+from sluice.shared.model_config import BACKEND_RULES, ModelSpec, TensorSpec
 from sluice.workers.devices import placement
 from sluice.workers.instances.model_instance import ModelInstance
 from sluice.workers.instances.stacked import StackedInstance, TensorFunction
@@ -105,7 +106,31 @@ def load_instance(
         module = _backend_module(spec.kind, spec.name, where)
         instance: ModelInstance = module.load_instance(spec, model_dir, version, device, index)
         return instance
+    spec = with_sequence_tensors(spec)
     return StackedInstance(spec, load_function(spec, model_dir, version, device, index), device)
+
+
+def with_sequence_tensors(spec: ModelSpec) -> ModelSpec:
+    """The model as its tensor function sees it: under the sequence batcher, the config's
+    control inputs and implicit state inputs are among its inputs and its state outputs among
+    its outputs (the server fills the first in and keeps the last, workers/sequences/), as
+    Triton's backends bind them."""
+    config = spec.config
+    if not config.sequence_batched or not (config.sequence_controls or config.sequence_states):
+        return spec
+    controls = [_tensor(c.name, c.datatype, (1,)) for c in config.sequence_controls]
+    states = [_tensor(s.input_name, s.datatype, s.initial_dims) for s in config.sequence_states]
+    outputs = [_tensor(s.output_name, s.datatype, s.initial_dims) for s in config.sequence_states]
+    names = {o.name for o in spec.outputs}
+    return dataclasses.replace(
+        spec,
+        inputs=(*spec.inputs, *controls, *states),
+        outputs=(*spec.outputs, *(o for o in outputs if o.name not in names)),
+    )
+
+
+def _tensor(name: str, datatype: str, dims: tuple[int, ...]) -> TensorSpec:
+    return TensorSpec(name, datatype, dims, None, optional=False, allow_ragged_batch=False)
 
 
 def load_function(
