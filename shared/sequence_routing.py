@@ -102,7 +102,7 @@ return #entries
 )
 
 #: an owner's lease (ms), renewed every `RENEW_S`: once it lapses the owner counts as dead.
-OWNER_LEASE_MS = 3000
+OWNER_LEASE_MS = 5000
 #: the model parameter that has an owner keep each sequence's state in Redis after every step.
 CHECKPOINT_PARAMETER = "SEQUENCE_STATE_CHECKPOINT"
 
