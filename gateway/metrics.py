@@ -271,7 +271,7 @@ def _generation_metrics(
             sequences[model][1] += waiting
     for index, (name, doc) in enumerate(
         (
-            ("sluice_num_requests_running", "Sequences generating on the workers"),
+            ("sluice_num_requests_running", "Sequences generating, or in a sequence slot"),
             ("sluice_num_requests_waiting", "Sequences read by workers, waiting for a slot"),
         )
     ):

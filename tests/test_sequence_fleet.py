@@ -346,3 +346,31 @@ def test_a_torchscript_sequence_model_gets_its_controls_and_state_as_inputs(
         stop_service(gateway)
         worker.terminate()
         worker.wait(30)
+
+
+def _gauge(gateway: Service, name: str, model: str) -> float | None:
+    with urllib.request.urlopen(f"http://{gateway.metrics_url}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    for line in text.splitlines():
+        if line.startswith(f'{name}{{model="{model}"}}'):
+            return float(line.split()[-1])
+    return None
+
+
+def test_the_sequences_holding_slots_show_in_the_metrics(tmp_path: Path, redis_url: str) -> None:
+    repo = _repo(tmp_path, "total", checkpoint=False)
+    worker = start_worker(repo, redis_url)
+    gateway = start_sluice("gateway", ["--redis-url", redis_url])
+    try:
+        redis = sync_client(redis_url)
+        wait_until(lambda: redis.zcard(keys.sequence_owners("total")) == 1, "the worker")
+        for sequence_id in (1, 2, 3):
+            _infer(gateway, "total", sequence_id, 1, 0)
+        running = "sluice_num_requests_running"
+        wait_until(lambda: _gauge(gateway, running, "total") == 3, "three sequences in slots")
+        _infer(gateway, "total", 2, 1, STEPS - 1)  # its END frees its slot
+        wait_until(lambda: _gauge(gateway, running, "total") == 2, "two sequences in slots")
+    finally:
+        stop_service(gateway)
+        worker.terminate()
+        worker.wait(30)

@@ -350,7 +350,8 @@ def _served(manager: ModelManager | None) -> list[tuple[str, dict[str, Any], lis
 
 
 def _usage(queues: list[ModelQueue]) -> dict[str, Any]:
-    """The heartbeat's view of the queues: devices, instances, and sequences running/waiting."""
+    """The heartbeat's view of the queues: devices, instances, and sequences running/waiting
+    (an iterative model's; a sequence model's holding a slot, or waiting in the backlog)."""
     return {
         "devices": sorted({str(q.instances.device) for q in queues}),
         "instances": {
@@ -358,9 +359,16 @@ def _usage(queues: list[ModelQueue]) -> dict[str, Any]:
             for q in queues
         },
         SEQUENCES: {
-            q.spec.name: [q.inflight.stats.running, q.inflight.stats.waiting]
-            for q in queues
-            if q.inflight is not None
+            **{
+                q.spec.name: [q.inflight.stats.running, q.inflight.stats.waiting]
+                for q in queues
+                if q.inflight is not None
+            },
+            **{
+                q.spec.name: [len(q.sequences.batcher.slotted), len(q.sequences.batcher.backlog)]
+                for q in queues
+                if q.sequences is not None
+            },
         },
     }
 
