@@ -108,3 +108,16 @@ def test_each_instance_runs_the_sequences_of_its_own_slots() -> None:
     batcher.add(2, "2a", True, False, 0)
     assert _items(batcher.next_batch(1, 0)) == ["2a"]
     assert _items(batcher.next_batch(0, 0)) == ["1a"]
+
+
+def test_a_dropped_sequence_leaves_its_slot_once_its_running_batch_finished() -> None:
+    batcher = _direct(slots=1)
+    batcher.add(1, "1a", True, False, 0)
+    batcher.add(1, "1b", False, False, 0)
+    batcher.add(2, "2a", True, False, 0)
+    batch = batcher.next_batch(0, 0)
+    assert isinstance(batch, list)
+    assert [s.item for s in batcher.drop([batcher.slotted[Slot(0, 0)]])] == ["1b"]
+    assert not batcher.add(1, "1c", False, False, 0)  # forgotten
+    batcher.finished(batch, 0)
+    assert _items(batcher.next_batch(0, 0)) == ["2a"]

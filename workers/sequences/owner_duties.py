@@ -43,11 +43,21 @@ class OwnerDuties:
         #: sequences came or went: renew (our load) now.
         self.changed = asyncio.Event()
 
-    async def keep(self, retired: Callable[[], bool]) -> None:
+    async def keep(self, retired: Callable[[], bool], forfeit: Callable[[], None]) -> None:
         """Renew our lease, claims and load every `RENEW_S` (and when sequences come or go)
-        until we retire, and answer for the owners that died."""
+        until we retire, and answer for the owners that died. Taken for dead ourselves, we
+        `forfeit` the sequences we hold: another owner answered or took them."""
+        registered = False
         while not retired():
-            await self.ownership.renew(list(self.batcher.known), self.batcher.holding)
+            held = list(self.batcher.known)
+            if await self.ownership.renew(held, self.batcher.holding) and registered:
+                log.error(
+                    "%s: this worker was taken for dead (its loop stalled past its lease): "
+                    "its %d sequences were answered as lost or taken over elsewhere",
+                    *(self.model, self.batcher.holding),
+                )
+                forfeit()
+            registered = True
             for owner in await self.ownership.lapsed():
                 if self.checkpointed:
                     moved = await self.ownership.take_over(owner)

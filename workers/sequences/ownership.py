@@ -56,15 +56,18 @@ class SequenceOwnership:
         self.lease = keys.sequence_lease(model, worker)
         self.held = keys.sequence_held(model, worker)
 
-    async def renew(self, held: Iterable[int | str], count: int) -> None:
-        """Renew our lease and our claims, and say how many sequences we hold (our load)."""
+    async def renew(self, held: Iterable[int | str], count: int) -> bool:
+        """Renew our lease and our claims, and say how many sequences we hold (our load).
+        True when we were not among the owners: new, or taken for dead (our loop stalled past
+        our lease) and our sequences answered as lost or taken over."""
         pipe = self.redis.pipeline(transaction=False)
         pipe.set(self.lease, 1, px=OWNER_LEASE_MS)
         pipe.zadd(self.owners, {self.worker: count})
         pipe.pexpire(self.held, CLAIM_LEASE_MS)
         for sequence_id in held:
             pipe.pexpire(keys.sequence_claim(self.model, sequence_id), CLAIM_LEASE_MS)
-        await pipe.execute()
+        replies = await pipe.execute()
+        return bool(replies[1])
 
     async def release(self, sequence_id: int | str) -> None:
         """Let a sequence go: its claim, if still ours, is deleted."""

@@ -180,7 +180,7 @@ class SequenceBatcher(Generic[T]):
             sequence = member.sequence
             sequence.running = False
             sequence.last_ns = max(sequence.last_ns, now_ns)
-            if member.step.end and not sequence.queue:
+            if sequence.ending and not sequence.queue:  # its END ran, or it was dropped
                 self._leave(sequence)
                 ended.append(sequence)
         return ended
@@ -224,6 +224,7 @@ class SequenceBatcher(Generic[T]):
         for sequence in sequences:
             left.extend(sequence.queue)
             sequence.queue.clear()
+            sequence.ending = True  # a running one leaves its slot once its batch finished
             if self.known.get(sequence.key) is sequence:
                 del self.known[sequence.key]
             if not sequence.running:

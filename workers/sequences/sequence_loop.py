@@ -202,4 +202,9 @@ class SequenceLoop:
 
     async def keep_ownership(self) -> None:
         """Our duties as an owner (owner_duties.py), until we retire."""
-        await self.duties.keep(lambda: self.retired)
+        await self.duties.keep(lambda: self.retired, self._forfeit)
+
+    def _forfeit(self) -> None:
+        """We were taken for dead: our sequences are no longer ours (their queued requests
+        were answered, or moved to the owner that took them)."""
+        self.batcher.drop([*self.batcher.slotted.values(), *self.batcher.backlog])
