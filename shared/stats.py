@@ -168,6 +168,9 @@ class BatchStats:
     #: other requests was dropped when this batch was formed.
     early_answered: bool = False
     early_dropped: bool = False
+    #: rows of the batch that were a sequence batch's null requests: executed, and counted in
+    #: its batch size, but no inferences of their own (as Triton counts them).
+    null_rows: int = 0
 
     def settle(self, enqueued_ns: Sequence[int], failed: Sequence[bool], finished_ns: int) -> None:
         """Count the batch's requests (enqueued at `enqueued_ns`, `queue_samples_ns` already
@@ -189,7 +192,7 @@ class BatchStats:
         ok = self.requests_ok
         pairs: list[str | int] = [
             f"{v}:inference_count",
-            self.batch_size,
+            self.batch_size - self.null_rows,
             f"{v}:execution_count",
             1,
             f"{v}:last_inference",

@@ -106,10 +106,15 @@ def _infer(gateway: Service, model: str, sequence_id: int, value: int, step: int
     return 200, outputs.get("OUTPUT"), sorted(outputs)
 
 
-def _inferences(gateway: Service, model: str) -> int:
+def _stats(gateway: Service, model: str) -> dict[str, Any]:
     url = f"http://{gateway.http_url}/v2/models/{model}/stats"
     with urllib.request.urlopen(url, timeout=10) as reply:
-        return int(json.loads(reply.read())["model_stats"][0]["inference_count"])
+        stats: dict[str, Any] = json.loads(reply.read())["model_stats"][0]
+    return stats
+
+
+def _inferences(gateway: Service, model: str) -> int:
+    return int(_stats(gateway, model)["inference_count"])
 
 
 class Fleet:
@@ -297,6 +302,12 @@ def test_a_direct_batch_fills_the_empty_slots_below_its_last_with_null_requests(
         # sequence 2 in slot 1 runs with a null request (READY false) in slot 0, as in Triton
         assert _infer(gateway, "slots", 2, 0, 0)[1] == 21
         assert _infer(gateway, "slots", 1, 0, 1)[1] == 11
+        # the null request ran in a batch of two, but is no inference of its own
+        wait_until(lambda: _inferences(gateway, "slots") == 3, "the statistics")
+        stats = _stats(gateway, "slots")
+        assert stats["execution_count"] == 3
+        sizes = {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]}
+        assert sizes == {1: 2, 2: 1}
     finally:
         stop_service(gateway)
         worker.terminate()

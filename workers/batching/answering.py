@@ -115,6 +115,7 @@ class Answering:
             max(0, started_ns - q.request.enqueue_ns) for q in launch.batch if not q.filler
         ]
         stats.early_answered, stats.early_dropped = early is not None, dropped
+        stats.null_rows = sum(q.pending.batch_size for q in launch.batch if q.filler)
         answer = self._answer(launch, requests, sizes, stats, running)
         self.spawn(answer if published is None else _then(answer, published))
 
