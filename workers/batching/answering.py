@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sluice.shared.errors import SluiceError, error_from_code
@@ -44,6 +45,10 @@ class Answering:
         #: a decoupled model's: its requests are answered through it, not by their batch.
         self.responses = responses
         self._tasks: set[asyncio.Future[None]] = set()
+        #: answers are written in the order their batches started (a sequence model's, whose
+        #: next step may start before its last step's answer is written).
+        self.in_order = False
+        self._last_turn: asyncio.Future[None] | None = None
         #: sees a batch's results before they are published (the sequence loop's: it keeps the
         #: implicit state a model returned, which is never the client's).
         self.results_hook: Callable[[list[Result]], Awaitable[None]] | None = None
@@ -94,13 +99,15 @@ class Answering:
         launch: Launch,
         early: Early | None = None,
         dropped: bool = False,
-        published: Callable[[], None] | None = None,
+        ran: Callable[[], None] | None = None,
     ) -> None:
         """Start the batch on its lane's thread within the batch loop's turn (or run it right
         here when `launch.inline`), and answer it on a task of its own. A batch that ran
         `early` is answered by that run instead; `dropped`: a run made early for other
         requests was dropped when this batch was formed (both counted in its statistics).
-        `published` is called once its answers were written (or failed to be)."""
+        `ran` is called once its results were taken (the model ran, or failed), before they
+        are written; with `in_order`, answers are written in the order their batches
+        started."""
         requests = [q.request for q in launch.batch]
         sizes = [q.pending.batch_size for q in launch.batch]
         if self.responses is not None:
@@ -116,8 +123,15 @@ class Answering:
         ]
         stats.early_answered, stats.early_dropped = early is not None, dropped
         stats.null_rows = sum(q.pending.batch_size for q in launch.batch if q.filler)
-        answer = self._answer(launch, requests, sizes, stats, running)
-        self.spawn(answer if published is None else _then(answer, published))
+        turn = self._next_turn() if self.in_order else None
+        once = _Once(ran)
+        answer = self._answer(launch, requests, sizes, stats, running, once, turn)
+        self.spawn(_then(answer, once, turn))
+
+    def _next_turn(self) -> _Turn:
+        turn = _Turn(self._last_turn, asyncio.get_running_loop().create_future())
+        self._last_turn = turn.done
+        return turn
 
     async def _answer(
         self,
@@ -126,6 +140,8 @@ class Answering:
         sizes: list[int],
         stats: BatchStats,
         running: asyncio.Future[BatchOutputs],
+        ran: _Once,
+        turn: _Turn | None,
     ) -> None:
         lane, inline = launch.lane, launch.inline
         results = await self.instances.run_isolating(lane, requests, sizes, stats, running)
@@ -136,6 +152,7 @@ class Answering:
             requests = [requests[i] for i in kept]
         if self.results_hook is not None:
             await self.results_hook(results)
+        ran()
         # a model's own error answer counts as a success, as Triton's statistics count it
         failed = [r.error is not None and not r.answered_by_model for r in results]
         stats.settle([r.enqueue_ns for r in requests], failed, time.time_ns())
@@ -148,6 +165,8 @@ class Answering:
         in_hand = not inline and self.state.in_hand
         if self.responses is not None:
             items, results = self._streamed(launch.batch, results)
+        if turn is not None and turn.previous is not None:
+            await turn.previous  # the answers of the batch started before go first
         try:
             await self.publisher.publish(
                 items, results, stats.increments(), defer_statistics=in_hand
@@ -156,11 +175,36 @@ class Answering:
             if inline:
                 self.state.inline_answered(lane)
                 self.idle_poll.arm()
+            if turn is not None:  # the loop writes held statistics once nothing runs
+                self.state.wake.set()
         self.state.results_published()
 
 
-async def _then(answer: Coroutine[Any, Any, None], published: Callable[[], None]) -> None:
+class _Once:
+    """Calls `callback` (if any) the first time it is called."""
+
+    def __init__(self, callback: Callable[[], None] | None) -> None:
+        self.callback = callback
+
+    def __call__(self) -> None:
+        callback, self.callback = self.callback, None
+        if callback is not None:
+            callback()
+
+
+@dataclass(slots=True)
+class _Turn:
+    """A batch's place in the order its answers are written: the batch before's is done."""
+
+    previous: asyncio.Future[None] | None
+    done: asyncio.Future[None]
+
+
+async def _then(answer: Coroutine[Any, Any, None], ran: _Once, turn: _Turn | None) -> None:
+    """Answer the batch; however that ends, `ran` has been called and its turn is over."""
     try:
         await answer
     finally:
-        published()
+        ran()
+        if turn is not None and not turn.done.done():
+            turn.done.set_result(None)

@@ -5,9 +5,10 @@ sequence's requests there) and the model's shared streams, whose requests go on 
 owners (owner_duties.py). Every request of ours goes to the `SequenceBatcher`, which keeps the
 slots and says what each free instance runs next; before a batch runs, the server's inputs are
 given (server_inputs.py: control inputs, implicit state, null requests); after it, each
-sequence keeps its state (state_keeper.py), and its next request starts only once this one's
-answer was written, so a sequence's answers leave in its order. A sequence whose END ran leaves
-its slot; one idle past its `max_sequence_idle_microseconds` is released, here and in Redis.
+sequence keeps its state (state_keeper.py) and may run its next request, while answers are
+written in the order their batches started, so a sequence's leave in its order. A sequence
+whose END ran leaves its slot; one idle past its `max_sequence_idle_microseconds` is released,
+here and in Redis.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class SequenceLoop:
         self.keeper = StateKeeper(spec, ownership, self.batcher)
         if self.inputs.states:
             answering.results_hook = self.keeper.keep
+        answering.in_order = True
         self.duties = OwnerDuties(
             spec.name, ownership, self.batcher, answering, self.keeper.checkpointed
         )
@@ -71,8 +73,8 @@ class SequenceLoop:
         #: the batches running or being answered, by number.
         self._running: dict[int, list[Member[Queued]]] = {}
         self._batch_ids = itertools.count()
-        #: the batches whose answers were written since the loop last looked.
-        self._published: list[int] = []
+        #: the batches that ran (their state kept) since the loop last looked.
+        self._done: list[int] = []
         #: we stop: our lease is no longer renewed.
         self.retired = False
 
@@ -107,10 +109,11 @@ class SequenceLoop:
             await self.ownership.retire()
 
     def _collect(self, now_ns: int) -> None:
-        """The batches whose answers were written: their sequences may go on (so that a
-        sequence's answers leave in its order), or leave their slots."""
-        while self._published:
-            ended = self.batcher.finished(self._running.pop(self._published.pop()), now_ns)
+        """The batches that ran: their sequences may go on (their answers are written in the
+        order their batches started, so a sequence's leave in its order), or leave their
+        slots."""
+        while self._done:
+            ended = self.batcher.finished(self._running.pop(self._done.pop()), now_ns)
             if ended:
                 self.duties.changed.set()
         self.state.sequences_running(self.batcher.holding)
@@ -165,12 +168,12 @@ class SequenceLoop:
                 batch = [m.step.item for m in decision]
             self.state.lane_taken(lane)
             self.answering.start(
-                Launch(lane, batch, inline=False), published=partial(self._answered, batch_id)
+                Launch(lane, batch, inline=False), ran=partial(self._ran, batch_id)
             )
         return wait_ns
 
-    def _answered(self, batch_id: int) -> None:
-        self._published.append(batch_id)
+    def _ran(self, batch_id: int) -> None:
+        self._done.append(batch_id)
         self.state.wake.set()
 
     async def _release_idle(self, now_ns: int) -> None:
