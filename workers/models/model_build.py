@@ -22,6 +22,7 @@ from sluice.shared.repository import ModelEntry, scan_model, scan_repository
 from sluice.shared.repository_control import DesiredModel, model_name_problem, read_files
 from sluice.workers.backends import instance_devices, load_instance
 from sluice.workers.instances.model_instance import ModelInstance
+from sluice.workers.instances.warmup import warm_up
 from sluice.workers.models.override_files import OverrideDirectory
 
 log = logging.getLogger(__name__)
@@ -53,8 +54,9 @@ def configure_threads(entries: list[ModelEntry]) -> None:
 
 
 def load_model(entry: ModelEntry) -> Loaded:
-    """Every selected version, one instance on each placed device; the entry comes back with
-    its spec's `instance_count` the number placed (a GPU group's count is per GPU)."""
+    """Every selected version, one instance on each placed device, each warmed up as the config
+    says (workers/instances/warmup.py); the entry comes back with its spec's `instance_count`
+    the number placed (a GPU group's count is per GPU)."""
     assert entry.spec is not None
     devices = instance_devices(entry.spec)
     spec = replace(entry.spec, instance_count=len(devices))
@@ -65,6 +67,15 @@ def load_model(entry: ModelEntry) -> Loaded:
         ]
         for version in entry.versions
     }
+    try:
+        for version, lanes in instances.items():
+            for instance in lanes:
+                warm_up(spec, entry.path, version, instance)
+    except ModelConfigError:
+        for lanes in instances.values():
+            for instance in lanes:
+                instance.close()
+        raise
     return replace(entry, spec=spec), instances, devices[0]
 
 

@@ -1,0 +1,109 @@
+"""Triton's model warm-up (`model_warmup [...]`): sample requests each instance runs after it
+loads and before its model is ready, so that the first client requests do not pay for lazy
+initialisation (torch's first call, ONNX Runtime's arena, TensorFlow's graph).
+
+Each sample names its inputs (`data_type`, `dims` without the batch dim, and `zero_data`,
+`random_data` or `input_data_file`: raw row-major bytes in the model's `warmup/` directory,
+BYTES as 4-byte lengths and bytes) and runs `max(count, 1)` times, in order, as `batch_size`
+requests of one row in one call (`batch_size` 0: not run). The first sample that fails stops
+the load with Triton's reason, `failed to run warmup sample '<name>': <its errors>`, and the
+model is not served. Answers are dropped; a decoupled model's instances are not warmed up.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sluice.shared.datatypes import NUMPY_DTYPE, config_to_wire, serialize_bytes_elements
+from sluice.shared.errors import ModelConfigError, SluiceError
+from sluice.shared.model_config import ModelSpec
+from sluice.shared.protocol import Request, Tensor
+from sluice.workers.instances.model_instance import Answered, Batch, ModelInstance
+
+#: the folder of a model's warm-up data files.
+WARMUP_DIR = "warmup"
+
+
+def warm_up(spec: ModelSpec, model_dir: Path, version: int, instance: ModelInstance) -> None:
+    """Run the config's warm-up samples on `instance` (ModelConfigError: one failed)."""
+    samples = spec.config_json.get("model_warmup") or []
+    if not samples or spec.config.decoupled or spec.config.iterative_sequence:
+        return
+    for sample in samples:
+        name = str(sample.get("name", ""))
+        rows = int(sample.get("batch_size") or 0)
+        if not rows:
+            continue
+        inputs = [
+            _tensor(spec, model_dir, input_name, setting)
+            for input_name, setting in (sample.get("inputs") or {}).items()
+        ]
+        for _ in range(max(1, int(sample.get("count") or 0))):
+            errors = _run(instance, version, name, inputs, rows)
+            if errors:
+                raise ModelConfigError(f"failed to run warmup sample '{name}': {'; '.join(errors)}")
+
+
+def _run(
+    instance: ModelInstance, version: int, name: str, inputs: list[Tensor], rows: int
+) -> list[str]:
+    """One run of a sample: the errors of its requests (none: it ran)."""
+    requests = [
+        Request(f"warmup:{name}:{row}", version, time.time_ns(), "", list(inputs))
+        for row in range(rows)
+    ]
+    try:
+        answers, _ = instance.run(Batch(requests, [1] * rows))
+    except Exception as exc:  # the model's own failure
+        return [f"{type(exc).__name__}: {exc}"]
+    errors = []
+    for answer in answers:
+        error = answer.error if isinstance(answer, Answered) else answer
+        if isinstance(error, SluiceError):
+            errors.append(error.message)
+    return errors
+
+
+def _tensor(spec: ModelSpec, model_dir: Path, name: str, setting: dict[str, Any]) -> Tensor:
+    """One input of a sample, with its batch dim of one where the model batches."""
+    datatype = config_to_wire(str(setting.get("data_type", "TYPE_FP32")))
+    dims = tuple(int(d) for d in setting.get("dims") or ())
+    if any(d < 0 for d in dims):
+        raise ModelConfigError(
+            f"warmup setting expects all variable-size dimensions are specified for input '{name}'"
+        )
+    shape = ((1,) if spec.max_batch_size > 0 else ()) + dims
+    count = int(np.prod(shape, dtype=np.int64))
+    if setting.get("input_data_file"):
+        data = _data_file(model_dir, str(setting["input_data_file"]))
+    elif datatype == "BYTES":  # zero or random: empty strings, as in Triton
+        data = serialize_bytes_elements([b""] * count)
+    elif setting.get("random_data"):
+        data = _random(datatype, count)
+    else:
+        data = np.zeros(count, NUMPY_DTYPE[datatype]).tobytes()
+    return Tensor(name, datatype, shape, data)
+
+
+def _random(datatype: str, count: int) -> bytes:
+    dtype = np.dtype(NUMPY_DTYPE[datatype])
+    rng = np.random.default_rng()
+    if dtype.kind == "f":
+        return rng.random(count).astype(dtype).tobytes()
+    if dtype.kind == "b":
+        return rng.integers(0, 2, count).astype(dtype).tobytes()
+    return rng.integers(0, 100, count).astype(dtype).tobytes()
+
+
+def _data_file(model_dir: Path, file_name: str) -> bytes:
+    """A sample's data file: in the model's warmup/ folder, never outside it."""
+    folder = (model_dir / WARMUP_DIR).resolve()
+    path = (folder / file_name).resolve()
+    if not path.is_relative_to(folder) or not path.is_file():
+        raise ModelConfigError(
+            f"warmup input data file '{file_name}' is not a file in {WARMUP_DIR}/ of the model"
+        )
+    return path.read_bytes()
