@@ -6,7 +6,7 @@ triton-inference-server/client (`src/python/examples/`) and triton-inference-ser
 table per server. The model repository is built in a temporary folder from sluice's stand-ins
 (`tests/triton_examples_repo/`: Python-backend models named, typed and shaped as the
 TensorFlow/ONNX originals the client examples call) and the python_backend examples' own models,
-copied as their READMEs say. Examples that need a GPU, shared memory, images or downloads are
+copied as their READMEs say. Examples that need a GPU (CUDA shared memory), images or downloads are
 listed as skipped.
 
 The python_backend examples call `localhost:8000/8001/8002`, so each server is started on those
@@ -89,6 +89,20 @@ CLIENT_EXAMPLES = (
         )
     ]
     + [
+        # system shared memory (each registers POSIX shared memory regions it creates)
+        Example(CLIENT + name)
+        for name in (
+            "simple_http_shm_client.py",
+            "simple_grpc_shm_client.py",
+            "simple_http_shm_string_client.py",
+            "simple_grpc_shm_string_client.py",
+        )
+    ]
+    + [
+        Example(CLIENT + "reuse_infer_objects_client.py", args=args)
+        for args in (("-i", "http"), ("-i", "grpc"))
+    ]
+    + [
         # the sequence examples, on the sequence models and (-d) on the dynamic ones
         Example(CLIENT + name, args=args)
         for name in (
@@ -108,9 +122,6 @@ CLIENT_EXAMPLES = (
 SKIPPED = [
     Example(CLIENT + name, skip=why)
     for why, names in (
-        ("shared memory", ("simple_http_shm_client.py", "simple_grpc_shm_client.py")),
-        ("shared memory", ("reuse_infer_objects_client.py",)),
-        ("shared memory", ("simple_http_shm_string_client.py", "simple_grpc_shm_string_client.py")),
         ("CUDA shared memory", ("simple_http_cudashm_client.py", "simple_grpc_cudashm_client.py")),
         (
             "image model + images",

@@ -26,6 +26,7 @@ from sluice.gateway.job_operations import JobEvent, JobOperations, JobResponses,
 from sluice.gateway.outage import RETRY_AFTER_S
 from sluice.gateway.restricted_apis import http_category, http_refusal
 from sluice.gateway.routing import Route, Router
+from sluice.gateway.system_shared_memory import RegionNotFound
 from sluice.shared.bulk import BulkStatus
 from sluice.shared.errors import (
     InvalidInput,
@@ -199,6 +200,15 @@ class GatewayApp:
             Route("v2/bulk/{bulk}/output", self._bulk_output, GET),
             Route("v2/models/stats", self._all_statistics, GET),
             *(
+                Route(f"v2/{kind}{region}/{action}", handler, method)
+                for kind, handler in (
+                    ("systemsharedmemory", self._system_shared_memory),
+                    ("cudasharedmemory", self._cuda_shared_memory),
+                )
+                for region in ("", "/region/{region}")
+                for action, method in (("status", GET), ("register", POST), ("unregister", POST))
+            ),
+            *(
                 route
                 for prefix in (version, model)
                 for route in (
@@ -294,12 +304,57 @@ class GatewayApp:
     async def _all_statistics(self, request: HttpRequest, params: Params) -> HttpResponse:
         return json_response(await self.core.statistics(None, None))
 
+    # -- shared memory -----------------------------------------------------------------------
+
+    async def _system_shared_memory(self, request: HttpRequest, params: Params) -> HttpResponse:
+        regions = self.core.shared_memory
+        name, action = params.get("region"), request.path.rstrip("/").rsplit("/", 1)[-1]
+        if action == "status":
+            return json_response(regions.status(name))
+        if action == "unregister":
+            regions.unregister(name)
+            return HttpResponse(200)
+        body = _json_body(request)
+        for field in ("key", "byte_size"):
+            if field not in body:
+                raise InvalidInput(f"Shared memory register request has no '{field}' field")
+        key, offset, byte_size = body["key"], body.get("offset", 0), body["byte_size"]
+        if not isinstance(key, str) or not all(_count(v) for v in (offset, byte_size)):
+            raise InvalidInput("'key' must be a string, 'offset' and 'byte_size' unsigned integers")
+        regions.register(name or "", key, offset, byte_size)
+        return HttpResponse(200)
+
+    async def _cuda_shared_memory(self, request: HttpRequest, params: Params) -> HttpResponse:
+        """No GPU at the gateway: what Triton answers when it has no CUDA support."""
+        name, action = params.get("region"), request.path.rstrip("/").rsplit("/", 1)[-1]
+        if action == "status":
+            if name is not None:
+                raise RegionNotFound(f"Unable to find cuda shared memory region: '{name}'")
+            return json_response([])
+        if action == "unregister":
+            return HttpResponse(200)
+        handle = _json_body(request).get("raw_handle")
+        encoded = handle.get("b64") if isinstance(handle, dict) else None
+        try:
+            valid = len(base64.b64decode(encoded or "", validate=True)) == CUDA_IPC_HANDLE_BYTES
+        except (binascii.Error, TypeError, ValueError):
+            valid = False
+        if not valid:
+            raise InvalidInput("'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t")
+        raise InvalidInput(
+            f"failed to register CUDA shared memory region: '{name}', GPUs not supported"
+        )
+
     # -- models ------------------------------------------------------------------------------
 
     async def _infer(self, request: HttpRequest, params: Params) -> HttpResponse:
+        shared_memory = self.core.shared_memory
+        infer = _rest_infer(request)
+        infer.shared_memory = shared_memory.read
         outcome = await self.core.infer(
-            params["model"], params.get("version"), _rest_infer(request), request.disconnected
+            params["model"], params.get("version"), infer, request.disconnected
         )
+        shared_memory.write_outputs(outcome.request.shm_outputs, outcome.outputs)
         response = infer_response(outcome)
         response.compressible = True  # Triton compresses infer responses alone
         return response
@@ -385,3 +440,11 @@ class GatewayApp:
             (b"content-disposition", f'attachment; filename="{bulk_id}.{extension}"'.encode()),
         ]
         return HttpResponse(200, data, headers)
+
+
+#: the size of a CUDA IPC memory handle (cudaIpcMemHandle_t).
+CUDA_IPC_HANDLE_BYTES = 64
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

@@ -21,6 +21,7 @@ from sluice.gateway.model_table import ModelTable, ModelView, no_versions
 from sluice.gateway.outage import RETRY_AFTER_S
 from sluice.gateway.outbox import Route
 from sluice.gateway.restricted_apis import Restrictions
+from sluice.gateway.system_shared_memory import SystemSharedMemory
 from sluice.shared import keys
 from sluice.shared.bulk import BulkStatus
 from sluice.shared.config_view import ConfigView
@@ -34,7 +35,7 @@ from sluice.shared.errors import (
     error_from_code,
 )
 from sluice.shared.fleet import fleet_status
-from sluice.shared.infer_codec import ParsedInfer, decompress, parse_infer
+from sluice.shared.infer_codec import ParsedInfer, SharedMemoryRead, decompress, parse_infer
 from sluice.shared.model_loads import (
     check_load,
     failed_to_poll,
@@ -109,12 +110,14 @@ class RestInfer:
     encoding: str | None = None
     #: the JSON header's length when binary tensors follow, as sent (unchecked).
     header_length: bytes | None = None
+    #: reads inputs from the client's shared memory (None: not on this endpoint).
+    shared_memory: SharedMemoryRead | None = None
 
     def inflate(self, max_body_bytes: int) -> bytes:
         return decompress(self.body, self.encoding, max_body_bytes)
 
     def decode(self, body: bytes, sig: Signature) -> ParsedInfer:
-        return parse_infer(body, _header_length(self.header_length), sig)
+        return parse_infer(body, _header_length(self.header_length), sig, self.shared_memory)
 
 
 @dataclass(slots=True)
@@ -158,6 +161,8 @@ class GatewayCore:
         self.limits = limits
         self.bulk = bulk
         self.ensembles = Ensembles(dispatcher, table)
+        #: the regions of this gateway's clients' shared memory (Triton's extension).
+        self.shared_memory = SystemSharedMemory()
 
     # -- server and models -------------------------------------------------------------------
 

@@ -26,7 +26,6 @@ from sluice.shared.errors import (
     ModelNotReady,
     SluiceError,
     Unauthorized,
-    Unsupported,
 )
 from sluice.shared.redis_client import REDIS_ERRORS, UNWRITTEN, redis_failure
 from tritonclient.grpc import model_config_pb2 as mc
@@ -234,6 +233,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         return infer_response(outcome)
 
     async def _infer(self, request: Any) -> InferOutcome:
+        outcome = await self._run(request)
+        self.core.shared_memory.write_outputs(outcome.request.shm_outputs, outcome.outputs)
+        return outcome
+
+    async def _run(self, request: Any) -> InferOutcome:
         """Run one request; the RPC cancelled (client gone, deadline passed) cancels it in
         the queue, as a closed HTTP connection does. The core runs in a task of its own so
         that grpc's cancellation reaches it as `gone` rather than as CancelledError (grpc
@@ -243,7 +247,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         infer = self.core.infer(
             request.model_name,
             _version(request.model_version),
-            GrpcInfer(request),
+            GrpcInfer(request, self.core.shared_memory.read),
             gone,
             "ModelInfer RPC",
         )
@@ -302,7 +306,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                     answers: AsyncGenerator[Any, None] | Exception = await self.core.stream(
                         request.model_name,
                         _version(request.model_version),
-                        GrpcInfer(request),
+                        GrpcInfer(request, self.core.shared_memory.read),
                         gone,
                     )
                 except Exception as exc:
@@ -334,6 +338,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                 async for answer in answers:
                     if answer.empty and not empty_final:
                         continue
+                    if answer.error is None and not answer.empty:
+                        outcome = answer.outcome
+                        spans = outcome.request.shm_outputs
+                        self.core.shared_memory.write_outputs(spans, outcome.outputs)
                     response = _streamed_response(request, answer)
                     await window.put(response, response.ByteSize())
         except Exception as exc:
@@ -345,22 +353,48 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             await window.put(response, response.ByteSize())
         window.done()
 
-    # -- extensions sluice does not serve ----------------------------------------------------
+    # -- shared memory -----------------------------------------------------------------------
 
     async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
-        return await self._answer(context, _no_regions(pb.SystemSharedMemoryStatusResponse))
+        async def call() -> Any:
+            response = pb.SystemSharedMemoryStatusResponse()
+            for region in self.core.shared_memory.status(request.name or None):
+                entry = response.regions[region["name"]]
+                entry.name, entry.key = region["name"], region["key"]
+                entry.offset, entry.byte_size = region["offset"], region["byte_size"]
+            return response
+
+        return await self._answer(context, call)
+
+    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            self.core.shared_memory.register(
+                request.name, request.key, request.offset, request.byte_size
+            )
+            return pb.SystemSharedMemoryRegisterResponse()
+
+        return await self._answer(context, call)
+
+    async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            self.core.shared_memory.unregister(request.name or None)
+            return pb.SystemSharedMemoryUnregisterResponse()
+
+        return await self._answer(context, call)
+
+    # -- CUDA shared memory: no GPU at the gateway, answered as Triton without CUDA ----------
 
     async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
         return await self._answer(context, _no_regions(pb.CudaSharedMemoryStatusResponse))
 
-    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
-        await self._abort(context, _no_shared_memory())
-
     async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
-        await self._abort(context, _no_shared_memory())
-
-    async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
-        return await self._answer(context, _no_regions(pb.SystemSharedMemoryUnregisterResponse))
+        await self._abort(
+            context,
+            InvalidInput(
+                f"failed to register CUDA shared memory region: '{request.name}', GPUs not "
+                "supported"
+            ),
+        )
 
     async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
         return await self._answer(context, _no_regions(pb.CudaSharedMemoryUnregisterResponse))
@@ -385,13 +419,6 @@ def _streamed_response(request: Any, answer: StreamedResponse) -> Any:
         message = "" if answer.error is None else grpc_status(answer.error)[1]
     response.parameters[FINAL_RESPONSE].bool_param = answer.final
     return pb.ModelStreamInferResponse(error_message=message, infer_response=response)
-
-
-def _no_shared_memory() -> SluiceError:
-    return Unsupported(
-        "shared memory is not supported: a sluice gateway does not share memory with its "
-        "clients or workers; send tensors in the request"
-    )
 
 
 def _no_regions(response: Callable[[], Any]) -> Callable[[], Awaitable[Any]]:

@@ -21,8 +21,13 @@ from sluice.shared.datatypes import (
     serialize_bytes_elements,
 )
 from sluice.shared.errors import InvalidInput
-from sluice.shared.infer_codec import ParsedInfer
-from sluice.shared.protocol import ResponseParameter, Tensor
+from sluice.shared.infer_codec import (
+    ParsedInfer,
+    SharedMemoryRead,
+    SharedMemorySpan,
+    shared_memory_span,
+)
+from sluice.shared.protocol import Buffer, ResponseParameter, Tensor
 from sluice.shared.sequence_controls import GRPC_KINDS, check_grpc_kind
 from sluice.shared.signature import Signature
 from tritonclient.grpc import service_pb2 as pb
@@ -45,7 +50,6 @@ CONTENTS_FIELD = {
 
 #: parameters that ask for what a gateway apart from its clients cannot do.
 UNSUPPORTED_PARAMETERS = {
-    "shared_memory_region": "shared memory is not supported: send the data in the request",
     "classification": "classification outputs are not supported: request the raw output",
 }
 
@@ -68,6 +72,8 @@ class GrpcInfer:
     to the message size limit, so there is nothing left to inflate."""
 
     request: Any  # service_pb2.ModelInferRequest
+    #: reads inputs from the client's shared memory (None: not on this call).
+    shared_memory: SharedMemoryRead | None = None
 
     def inflate(self, max_body_bytes: int) -> bytes:
         return b""
@@ -80,18 +86,33 @@ class GrpcInfer:
                 f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs of model "
                 f"'{sig.name}'"
             )
-        inputs = [_input(item, index, raw, sig.name) for index, item in enumerate(request.inputs)]
+        inputs = [
+            _input(item, index, raw, sig.name, self.shared_memory)
+            for index, item in enumerate(request.inputs)
+        ]
         outputs: dict[str, bool | None] | None = None
+        in_shm: dict[str, SharedMemorySpan] = {}
         if request.outputs:
             outputs = {}
             for output in request.outputs:
-                _refuse_unsupported(output.parameters, f"output '{output.name}'")
+                where = f"output '{output.name}'"
+                _refuse_unsupported(output.parameters, where)
+                span = shared_memory_span(parameter_values(output.parameters), where)
+                if span is not None:
+                    in_shm[output.name] = span
                 outputs[output.name] = None
         parameters = request.parameters
         if parameters:
             for name in GRPC_KINDS.keys() & parameters.keys():
                 check_grpc_kind(name, parameters[name].WhichOneof("parameter_choice"))
-        return ParsedInfer(request.id or None, parameter_values(parameters), inputs, outputs, True)
+        return ParsedInfer(
+            request.id or None,
+            parameter_values(parameters),
+            inputs,
+            outputs,
+            True,
+            shm_outputs=in_shm,
+        )
 
 
 def _refuse_unsupported(parameters: Any, where: str) -> None:
@@ -102,13 +123,23 @@ def _refuse_unsupported(parameters: Any, where: str) -> None:
             raise InvalidInput(f"{where}: {reason}")
 
 
-def _input(item: Any, index: int, raw: Any, model: str) -> Tensor:
+def _input(
+    item: Any, index: int, raw: Any, model: str, shared_memory: SharedMemoryRead | None
+) -> Tensor:
     name, datatype = item.name, item.datatype
     where = f"input '{name}'"
     if datatype not in ELEMENT_SIZE:
         raise InvalidInput(f"{where}: unknown datatype '{datatype}'")
     _refuse_unsupported(item.parameters, where)
     shape = tuple(item.shape)
+    span = shared_memory_span(parameter_values(item.parameters), where)
+    if span is not None:
+        if shared_memory is None:
+            raise InvalidInput(f"{where}: shared memory is not served on this call")
+        data = shared_memory(span.region, span.offset, span.byte_size)
+        if datatype == "BYTES":
+            _check_bytes_elements(where, data, shape)
+        return Tensor(name, datatype, shape, data)
     if raw:
         if item.HasField("contents"):
             raise InvalidInput(
@@ -130,7 +161,7 @@ def _input(item: Any, index: int, raw: Any, model: str) -> Tensor:
     return Tensor(name, datatype, shape, _typed_contents(item.contents, datatype, shape, where))
 
 
-def _check_bytes_elements(where: str, data: bytes, shape: tuple[int, ...]) -> None:
+def _check_bytes_elements(where: str, data: Buffer, shape: tuple[int, ...]) -> None:
     """Raw BYTES hold `<u32 length><bytes>` per element: as many as the shape says."""
     view, pos, found = memoryview(data), 0, 0
     while pos < len(view):
@@ -173,9 +204,11 @@ def infer_response(outcome: InferOutcome) -> Any:
         model_name=outcome.model, model_version=str(outcome.version), id=outcome.request.id or ""
     )
     add_output, raw = response.outputs.add, response.raw_output_contents
+    in_shm = outcome.request.shm_outputs
     for t in outcome.outputs:
         add_output(name=t.name, datatype=t.datatype, shape=t.shape)
-        raw.append(bytes(t.data))
+        # an output written into shared memory keeps its place with empty contents, as Triton's
+        raw.append(b"" if t.name in in_shm else bytes(t.data))
     for key, value in (outcome.parameters or {}).items():
         set_parameter(response.parameters[key], value)
     return response

@@ -30,6 +30,8 @@ EXTENSIONS = (
     "model_repository(unload_dependents)",
     "schedule_policy",
     "parameters",
+    "system_shared_memory",
+    "cuda_shared_memory",
     f"sluice/{__version__}",
 )
 

@@ -7,7 +7,7 @@ inputs are converted once with numpy. Every error names the field it is about.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,10 +29,24 @@ HEADER_LENGTH = "inference-header-content-length"
 #: Triton 2.51's texts for a body without `inputs`, and for `data` that does not fill its shape
 MISSING_INPUTS = "Unable to parse 'inputs': attempt to access non-existing object member 'inputs'"
 DATA_SHAPE_MISMATCH = "Unable to parse 'data': Shape does not match true shape of 'data' field"
-NO_DATA = (
+_ONE_OF = (
     "Input must set only one of the following fields: 'data', 'binary_data_size' in "
-    "'parameters', 'shared_memory_region' in 'parameters'. But no field is set"
+    "'parameters', 'shared_memory_region' in 'parameters'."
 )
+NO_DATA = _ONE_OF + " But no field is set"
+
+
+#: reads an input from a client's shared memory: (region, offset, byte size) -> its bytes.
+SharedMemoryRead = Callable[[str, int, int], Buffer]
+
+
+@dataclass(frozen=True, slots=True)
+class SharedMemorySpan:
+    """Where in a client's shared memory a tensor is (Triton's shared-memory parameters)."""
+
+    region: str
+    offset: int
+    byte_size: int
 
 
 @dataclass(slots=True)
@@ -46,6 +60,8 @@ class ParsedInfer:
     outputs: dict[str, bool | None] | None
     binary_output: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    #: outputs to write into the client's shared memory instead of the response.
+    shm_outputs: dict[str, SharedMemorySpan] = field(default_factory=dict)
 
 
 #: zlib's window bits for each Content-Encoding it inflates (deflate: the zlib format).
@@ -73,8 +89,14 @@ def decompress(body: bytes, encoding: str | None, max_bytes: int) -> bytes:
     return inflated
 
 
-def parse_infer(body: bytes, header_length: int | None, sig: Signature) -> ParsedInfer:
-    """Parse a JSON or binary-extension infer body; raises InvalidInput naming the field."""
+def parse_infer(
+    body: bytes,
+    header_length: int | None,
+    sig: Signature,
+    shared_memory: SharedMemoryRead | None = None,
+) -> ParsedInfer:
+    """Parse a JSON or binary-extension infer body; raises InvalidInput naming the field.
+    Inputs in the client's shared memory are read through `shared_memory`."""
     if header_length == 0:
         return _raw_binary(body, sig)
     json_end = len(body) if header_length is None else header_length
@@ -101,7 +123,7 @@ def parse_infer(body: bytes, header_length: int | None, sig: Signature) -> Parse
     binary = memoryview(body)[json_end:]
     inputs, used = [], 0
     for index, item in enumerate(raw_inputs):
-        tensor, used = _input(item, index, binary, used)
+        tensor, used = _input(item, index, binary, used, shared_memory)
         inputs.append(tensor)
     if used != len(binary):
         raise InvalidInput(
@@ -110,12 +132,14 @@ def parse_infer(body: bytes, header_length: int | None, sig: Signature) -> Parse
     request_id = header.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidInput("'id' must be a string")
+    outputs, shm_outputs = _outputs(header.get("outputs"))
     return ParsedInfer(
         request_id,
         params,
         inputs,
-        _outputs(header.get("outputs")),
+        outputs,
         bool(params.get("binary_data_output", False)),
+        shm_outputs=shm_outputs,
     )
 
 
@@ -145,7 +169,9 @@ def _shape(item: Mapping[str, Any], where: str) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def _input(item: Any, index: int, binary: memoryview, used: int) -> tuple[Tensor, int]:
+def _input(
+    item: Any, index: int, binary: memoryview, used: int, shared_memory: SharedMemoryRead | None
+) -> tuple[Tensor, int]:
     if not isinstance(item, dict) or not isinstance(item.get("name"), str):
         raise InvalidInput(f"inputs[{index}]: must be an object with a string 'name'")
     name = item["name"]
@@ -156,6 +182,16 @@ def _input(item: Any, index: int, binary: memoryview, used: int) -> tuple[Tensor
     shape = _shape(item, where)
     params = item.get("parameters") or {}
     size = params.get("binary_data_size") if isinstance(params, dict) else None
+    span = shared_memory_span(params, where) if isinstance(params, dict) else None
+    if span is not None:
+        if size is not None or "data" in item:
+            raise InvalidInput(_ONE_OF + " But more than one of them is set")
+        if shared_memory is None:
+            raise InvalidInput(f"{where}: shared memory is not served on this endpoint")
+        data = shared_memory(span.region, span.offset, span.byte_size)
+        if datatype == "BYTES":
+            _check_bytes_elements(where, shape, memoryview(data))
+        return Tensor(name, datatype, shape, data), used
     if size is not None:
         if not _is_count(size):
             raise InvalidInput(f"{where}: 'binary_data_size' must be a non-negative integer")
@@ -226,19 +262,50 @@ def json_data(data: Any, datatype: str, shape: tuple[int, ...], where: str) -> b
     return array.tobytes()
 
 
-def _outputs(raw: Any) -> dict[str, bool | None] | None:
-    if raw is None:
+def shared_memory_span(params: Mapping[str, Any], where: str) -> SharedMemorySpan | None:
+    """A tensor's place in the client's shared memory, if its parameters give one."""
+    region = params.get("shared_memory_region")
+    if region is None:
         return None
+    byte_size: Any = params.get("shared_memory_byte_size")
+    offset: Any = params.get("shared_memory_offset", 0)
+    if not isinstance(region, str) or not region:
+        raise InvalidInput(f"{where}: 'shared_memory_region' must be a region's name")
+    if not _is_count(byte_size):
+        raise InvalidInput(
+            f"{where}: 'shared_memory_byte_size' must be given with 'shared_memory_region'"
+        )
+    if not _is_count(offset):
+        raise InvalidInput(f"{where}: 'shared_memory_offset' must be a non-negative integer")
+    return SharedMemorySpan(region, offset, byte_size)
+
+
+def _outputs(
+    raw: Any,
+) -> tuple[dict[str, bool | None] | None, dict[str, SharedMemorySpan]]:
+    """The requested outputs (name -> wants binary), and those to write to shared memory."""
+    if raw is None:
+        return None, {}
     if not isinstance(raw, list):
         raise InvalidInput("'outputs' must be a list")
     wanted: dict[str, bool | None] = {}
+    in_shm: dict[str, SharedMemorySpan] = {}
     for index, item in enumerate(raw):
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise InvalidInput(f"outputs[{index}]: must be an object with a string 'name'")
         params = item.get("parameters") or {}
         binary = params.get("binary_data") if isinstance(params, dict) else None
+        span = (
+            shared_memory_span(params, f"output '{item['name']}'")
+            if isinstance(params, dict)
+            else None
+        )
+        if span is not None:
+            if binary:
+                raise InvalidInput("Output can't set both 'shared_memory_region' and 'binary_data'")
+            in_shm[item["name"]] = span
         wanted[item["name"]] = bool(binary) if binary is not None else None
-    return wanted
+    return wanted, in_shm
 
 
 def json_values(tensor: Tensor) -> Any:
@@ -272,6 +339,9 @@ def encode_response(
             "datatype": tensor.datatype,
             "shape": list(tensor.shape),
         }
+        if tensor.name in request.shm_outputs:  # written into the client's shared memory
+            items.append(item)
+            continue
         if as_binary:
             data = tensor.data
             item["parameters"] = {

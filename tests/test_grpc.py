@@ -395,12 +395,20 @@ def test_shared_memory_trace_and_log_extensions(stub: Any) -> None:
         (stub.TraceSetting, pb.TraceSettingRequest()),
         (stub.LogSettings, pb.LogSettingsRequest()),
     ]
-    codes = []
+    failures = []
     for method, message in calls:
         with pytest.raises(grpc.RpcError) as err:
             method(message)
-        codes.append(err.value.code())
-    assert codes == [Status.UNIMPLEMENTED] * 2 + [Status.UNAVAILABLE] * 2
+        failures.append((err.value.code(), err.value.details()))
+    assert failures == [
+        (Status.INTERNAL, "Unable to open shared memory region: ''"),
+        (
+            Status.INVALID_ARGUMENT,
+            "failed to register CUDA shared memory region: 'r', GPUs not supported",
+        ),
+        (Status.UNAVAILABLE, "the server does not support trace"),
+        (Status.UNAVAILABLE, "the server does not support dynamic logging"),
+    ]
 
 
 # -- health and readiness ---------------------------------------------------------------------

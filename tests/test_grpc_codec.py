@@ -130,10 +130,10 @@ def test_half_floats_have_no_typed_contents(datatype: str) -> None:
         _decode(request, datatype)
 
 
-def test_shared_memory_and_classification_are_refused_by_name() -> None:
+def test_shared_memory_needs_a_size_and_classification_is_refused_by_name() -> None:
     request = _raw("FP32", [1, 2], b"\0" * 8)
     request.inputs[0].parameters["shared_memory_region"].string_param = "r"
-    with pytest.raises(errors.InvalidInput, match="input 'IN': shared memory is not supported"):
+    with pytest.raises(errors.InvalidInput, match="input 'IN': 'shared_memory_byte_size' must"):
         _decode(request)
     request = _raw("FP32", [1, 2], b"\0" * 8)
     output = request.outputs.add(name="OUT")
