@@ -51,6 +51,8 @@ COUNTDOWN = textwrap.dedent(
                     sender.send(out, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
     """
 )
+#: the countdown of the long request: its iterations outlast the sending of the short one.
+LONG = 2000
 COUNTDOWN_CONFIG = """
 name: "countdown"
 backend: "python"
@@ -288,7 +290,9 @@ def test_a_triton_model_rescheduling_its_requests_runs_in_flight(
     with grpcclient.InferenceServerClient(service.grpc_url) as client:
         results: queue.Queue[tuple[Any, Any]] = queue.Queue()
         client.start_stream(callback=lambda result, error: results.put((result, error)))
-        client.async_stream_infer("countdown", count(300), request_id="long")
+        # long enough that the short one, sent just after it, joins while it runs even on a
+        # loaded machine
+        client.async_stream_infer("countdown", count(LONG), request_id="long")
         client.async_stream_infer("countdown", count(2), request_id="short")
         got: dict[str, list[int]] = {"long": [], "short": []}
         finals = []
@@ -300,9 +304,9 @@ def test_a_triton_model_rescheduling_its_requests_runs_in_flight(
             if result.get_response().parameters["triton_final_response"].bool_param:
                 finals.append((rid, len(got["long"])))
         client.stop_stream()
-    assert got == {"long": list(range(1, 301)), "short": [1, 2]}
+    assert got == {"long": list(range(1, LONG + 1)), "short": [1, 2]}
     (first, long_so_far), (second, _) = finals
-    assert (first, second) == ("short", "long") and long_so_far < 300
+    assert (first, second) == ("short", "long") and long_so_far < LONG
 
 
 def test_an_iterative_triton_model_reads_the_controls_its_sequencer_fills_in(
