@@ -100,7 +100,7 @@ CLIENT_EXAMPLES = (
     ]
     + [
         Example(CLIENT + "reuse_infer_objects_client.py", args=args)
-        for args in (("-i", "http"), ("-i", "grpc"))
+        for args in (("-i", "http"), ("-i", "grpc", "-u", "localhost:8001"))
     ]
     + [
         # the sequence examples, on the sequence models and (-d) on the dynamic ones
