@@ -48,16 +48,11 @@ from sluice.shared.protocol import Request, ResponseParameter, Result, Tensor
 from sluice.shared.queue_policy import DEADLINE, PRIORITY, TIMEOUT, deadline_us
 from sluice.shared.redis_client import REDIS_ERRORS
 from sluice.shared.repository_control import NOT_EXPLICIT, ControlMode
-from sluice.shared.sequence_controls import (
-    SEQUENCE_END,
-    SEQUENCE_ID,
-    SEQUENCE_START,
-    check_sequence_request,
-)
+from sluice.shared.sequence_controls import SEQUENCE_PARAMETERS, check_sequence_request
 from sluice.shared.signature import Signature, validate_inputs
 
 #: request parameters the workers act on.
-FORWARDED_PARAMETERS = (PRIORITY, TIMEOUT, DEADLINE, SEQUENCE_ID, SEQUENCE_START, SEQUENCE_END)
+FORWARDED_PARAMETERS = (PRIORITY, TIMEOUT, DEADLINE, *SEQUENCE_PARAMETERS)
 #: a streamed request's parameter: send a decoupled model's flag-only final response too.
 EMPTY_FINAL_RESPONSE = "triton_enable_empty_final_response"
 #: request parameters that only shape this gateway's answer, never a model's to see.

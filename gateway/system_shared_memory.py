@@ -133,6 +133,8 @@ class SystemSharedMemory:
         self, spans: Mapping[str, SharedMemorySpan], outputs: Sequence[Tensor]
     ) -> None:
         """The outputs a request asked to have written into shared memory (`spans`)."""
+        if not spans:  # the usual request: nothing to look up per output
+            return
         for tensor in outputs:
             span = spans.get(tensor.name)
             if span is not None:

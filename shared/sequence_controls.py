@@ -20,6 +20,7 @@ from sluice.shared.protocol import Tensor
 
 #: Triton's request parameters of a sequence (the extension's names on the wire).
 SEQUENCE_ID, SEQUENCE_START, SEQUENCE_END = "sequence_id", "sequence_start", "sequence_end"
+SEQUENCE_PARAMETERS = (SEQUENCE_ID, SEQUENCE_START, SEQUENCE_END)
 
 #: the gRPC InferParameter kinds each may come as.
 GRPC_KINDS = {

@@ -126,7 +126,8 @@ class Answering:
         turn = self._next_turn() if self.in_order else None
         once = _Once(ran)
         answer = self._answer(launch, requests, sizes, stats, running, once, turn)
-        self.spawn(_then(answer, once, turn))
+        # an ordinary model's batch needs neither callback nor turn: no wrapper on its path
+        self.spawn(answer if ran is None and turn is None else _then(answer, once, turn))
 
     def _next_turn(self) -> _Turn:
         turn = _Turn(self._last_turn, asyncio.get_running_loop().create_future())
