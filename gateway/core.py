@@ -20,6 +20,7 @@ from sluice.gateway.ensembles import Ensembles
 from sluice.gateway.model_table import ModelTable, ModelView, no_versions
 from sluice.gateway.outage import RETRY_AFTER_S
 from sluice.gateway.outbox import Route
+from sluice.gateway.response_cache.response_cache import ResponseCache
 from sluice.gateway.restricted_apis import Restrictions
 from sluice.gateway.system_shared_memory import SystemSharedMemory
 from sluice.shared import keys
@@ -149,9 +150,16 @@ class GatewayCore:
     dispatcher and the bulk queue (`bulk`: a bulk job's status, cancel and output)."""
 
     def __init__(
-        self, dispatcher: Dispatcher, table: ModelTable, limits: GatewayLimits, bulk: BulkApi
+        self,
+        dispatcher: Dispatcher,
+        table: ModelTable,
+        limits: GatewayLimits,
+        bulk: BulkApi,
+        cache: ResponseCache | None = None,
     ) -> None:
         self.dispatcher = dispatcher
+        #: Triton's response cache (--cache-config), for the models that enable it.
+        self.cache = cache
         self.table = table
         self.limits = limits
         self.bulk = bulk
@@ -211,12 +219,8 @@ class GatewayCore:
         if name not in self.table.repository and name not in self.table.models:
             return  # nothing to unload, as Triton answers
         redis = self.dispatcher.redis
-        for model in await unload_fleet_wide(redis, name, unload_dependents, self._config_of):
+        for model in await unload_fleet_wide(redis, name, unload_dependents, self.table.config_of):
             self.table.withdraw(model)
-
-    def _config_of(self, name: str) -> ConfigView | None:
-        view = self.table.models.get(name)
-        return view.config if view is not None else None
 
     def _explicit_only(self) -> None:
         if self.limits.model_control_mode != "explicit":
@@ -231,6 +235,8 @@ class GatewayCore:
 
     async def statistics(self, model: str | None, version: str | None) -> dict[str, Any]:
         """Every model's statistics (`model` None), or one model's."""
+        if self.cache is not None:
+            await self.cache.stats.flush()  # this gateway's own cache hits show at once
         if model is None:
             views = list(self.table.models.values())
             return await metadata.model_statistics(self.dispatcher.redis, views, None)
@@ -316,14 +322,35 @@ class GatewayCore:
                 f"{endpoint} doesn't support models with decoupled transaction policy"
             )
         prepared = self.prepare(view, version, infer)
+        result = await self._result(view, prepared, client_gone)
+        return outcome(view.name, prepared.version, prepared.request, result)
+
+    async def _result(
+        self, view: ModelView, prepared: Prepared, client_gone: asyncio.Future[None] | None
+    ) -> Result:
+        """The request's one result: from the response cache, or run (and then cached)."""
+        lookup = None
+        if self.cache is not None and self.cache.serves(view):
+            lookup = await self.cache.lookup(view.name, prepared.version, prepared.request)
+            if lookup.hit is not None:
+                outputs, parameters = lookup.hit
+                return Result("", outputs, parameters=parameters)
+        result = await self._run(view, prepared, client_gone)
+        if lookup is not None:
+            assert self.cache is not None
+            await self.cache.insert(lookup, result)
+        return result
+
+    async def _run(
+        self, view: ModelView, prepared: Prepared, client_gone: asyncio.Future[None] | None
+    ) -> Result:
         params = prepared.parameters
-        parsed = prepared.request
         timeout_s, timeout_message = _time_limit(params, self.limits.request_timeout_s)
         if view.is_ensemble:
-            result = await self.ensembles.infer(
-                view, prepared.version, parsed, params, timeout_s, timeout_message, client_gone
+            return await self.ensembles.infer(
+                *(view, prepared.version, prepared.request, params),
+                *(timeout_s, timeout_message, client_gone),
             )
-            return outcome(view.name, prepared.version, parsed, result)
         request = _new_request(self.dispatcher, prepared)
 
         def cancel(_: object) -> None:
@@ -332,13 +359,12 @@ class GatewayCore:
         if client_gone is not None:
             client_gone.add_done_callback(cancel)
         try:
-            result = await self.dispatcher.submit(
+            return await self.dispatcher.submit(
                 prepared.route, request, timeout_s, view.preserve_ordering, timeout_message
             )
         finally:
             if client_gone is not None:
                 client_gone.remove_done_callback(cancel)
-        return outcome(view.name, prepared.version, parsed, result)
 
     async def stream(
         self,
@@ -354,28 +380,19 @@ class GatewayCore:
         caller leaving the iteration early, cancels the request."""
         view = await self.view(model, version)
         prepared = self.prepare(view, version, infer)
-        params = prepared.parameters
-        timeout_s, timeout_message = _time_limit(params, self.limits.request_timeout_s)
-        if view.is_ensemble:
-            return self._ensemble_response(view, prepared, timeout_s, timeout_message, client_gone)
+        if view.is_ensemble or (self.cache is not None and self.cache.serves(view)):
+            return self._one_response(view, prepared, client_gone)
+        timeout_s, timeout_message = _time_limit(prepared.parameters, self.limits.request_timeout_s)
         request = _new_request(self.dispatcher, prepared)
         results = self.dispatcher.stream(prepared.route, request, timeout_s, timeout_message)
         return self._responses(view.name, prepared, request, results, client_gone)
 
-    async def _ensemble_response(
-        self,
-        view: ModelView,
-        prepared: Prepared,
-        timeout_s: float,
-        timeout_message: str,
-        client_gone: asyncio.Future[None] | None,
+    async def _one_response(
+        self, view: ModelView, prepared: Prepared, client_gone: asyncio.Future[None] | None
     ) -> AsyncGenerator[StreamedResponse, None]:
-        parsed = prepared.request
-        result = await self.ensembles.infer(
-            *(view, prepared.version, parsed, prepared.parameters),
-            *(timeout_s, timeout_message, client_gone),
-        )
-        yield streamed(view.name, prepared.version, parsed, result)
+        """An ensemble's or a cached model's response (neither is decoupled)."""
+        result = await self._result(view, prepared, client_gone)
+        yield streamed(view.name, prepared.version, prepared.request, result)
 
     async def _responses(
         self,

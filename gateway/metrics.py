@@ -23,6 +23,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from sluice.gateway.custom_families import custom_families
 from sluice.gateway.device_families import device_families
 from sluice.gateway.model_table import ModelTable
+from sluice.gateway.response_cache.response_cache import ResponseCache
 from sluice.gateway.stream_window import StreamLoad
 from sluice.gateway.triton_exposition import Family, write
 from sluice.shared import keys
@@ -213,12 +214,55 @@ def _early_runs(stats: dict[tuple[str, str], VersionStats]) -> CounterMetricFami
     return family
 
 
-def _counters(stats: dict[tuple[str, str], VersionStats]) -> list[Family]:
+#: the help of the families a cache hit counts in, or does not, once a response cache runs.
+_CACHED_HELP = {
+    "nv_inference_request_duration_us": " (includes cached requests)",
+    "nv_inference_queue_duration_us": " (includes cached requests)",
+    "nv_inference_compute_input_duration_us": " (does not include cached requests)",
+    "nv_inference_compute_infer_duration_us": " (does not include cached requests)",
+    "nv_inference_compute_output_duration_us": " (does not include cached requests)",
+}
+
+_CACHE_COUNTERS = (
+    ("nv_cache_num_hits_per_model", "Number of cache hits per model", "cache_hit_count", 1),
+    (
+        "nv_cache_hit_duration_per_model",
+        "Total cache hit duration per model, in microseconds",
+        "cache_hit_ns",
+        1000,
+    ),
+    ("nv_cache_num_misses_per_model", "Number of cache misses per model", "cache_miss_count", 1),
+    (
+        "nv_cache_miss_duration_per_model",
+        "Total cache miss (insert+lookup) duration per model, in microseconds",
+        "cache_miss_ns",
+        1000,
+    ),
+)
+
+
+def _counters(stats: dict[tuple[str, str], VersionStats], cached: bool) -> list[Family]:
+    """Triton's per-model counters; `cached`: a response cache runs, which Triton's help
+    texts then say."""
     families = []
     for metric, doc, field, divisor in _COUNTERS:
-        family = Family(metric, "counter", doc)
+        help_text = doc + _CACHED_HELP.get(metric, "") if cached else doc
+        family = Family(metric, "counter", help_text)
         for (model, version), s in sorted(stats.items()):
             family.add({"model": model, "version": version}, s.get(field) // divisor)
+        families.append(family)
+    return families
+
+
+def _cache_counters(stats: dict[tuple[str, str], VersionStats], table: ModelTable) -> list[Family]:
+    """The cache's per-model counters, for the models that enable it, as Triton shows them."""
+    families = []
+    for metric, doc, field, divisor in _CACHE_COUNTERS:
+        family = Family(metric, "counter", doc)
+        for (model, version), s in sorted(stats.items()):
+            view = table.models.get(model)
+            if view is not None and view.config is not None and view.config.response_cache:
+                family.add({"model": model, "version": version}, s.get(field) // divisor)
         families.append(family)
     return families
 
@@ -282,7 +326,12 @@ def _generation_metrics(
     return families
 
 
-async def render(redis: aioredis.Redis, table: ModelTable) -> bytes:
+async def render(
+    redis: aioredis.Redis, table: ModelTable, cache: ResponseCache | None = None
+) -> bytes:
+    """The fleet's figures; `cache`, this gateway's response cache, first writes its own."""
+    if cache is not None:
+        await cache.stats.flush()
     names = sorted(table.models)
     models = [(name, table.models[name].partitions) for name in names]
     async with redis.pipeline(transaction=False) as pipe:
@@ -301,7 +350,10 @@ async def render(redis: aioredis.Redis, table: ModelTable) -> bytes:
     for name, raw in zip(names, raws, strict=True):
         for version, s in parse_stats(raw).items():
             stats[(name, str(version))] = s
-    nv = [*_counters(stats), _failures(stats, gateway), _pending(stats, table)]
+    nv = [*_counters(stats, cache is not None), _failures(stats, gateway)]
+    if cache is not None:
+        nv += _cache_counters(stats, table)
+    nv += [_pending(stats, table), *(cache.families() if cache is not None else ())]
     metrics: list[Metric] = [_batch_histogram(stats), *_latency_histograms(stats)]
     metrics += await _stream_gauges(redis, table)
     metrics += [*_recovery_counters(names, raws), _early_runs(stats)]
@@ -339,13 +391,20 @@ def stream_gauges(streams: StreamLoad) -> bytes:
 class MetricsApp:
     """Handler for the metrics port: `/metrics` only."""
 
-    def __init__(self, redis: aioredis.Redis, table: ModelTable, streams: StreamLoad) -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        table: ModelTable,
+        streams: StreamLoad,
+        cache: ResponseCache | None = None,
+    ) -> None:
         self.redis = redis
         self.table = table
         self.streams = streams
+        self.cache = cache
 
     async def __call__(self, request: HttpRequest) -> HttpResponse:
         if request.path != "/metrics":
             return HttpResponse(404, b"not found\n", [(b"content-type", b"text/plain")])
-        body = await render(self.redis, self.table) + stream_gauges(self.streams)
+        body = await render(self.redis, self.table, self.cache) + stream_gauges(self.streams)
         return HttpResponse(200, body, [(b"content-type", CONTENT_TYPE_LATEST.encode())])

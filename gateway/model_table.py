@@ -153,6 +153,11 @@ class ModelTable:
         self._last_ok_s = 0.0
         self._reachable = False
 
+    def config_of(self, name: str) -> ConfigView | None:
+        """The config of a model of the table (None: unknown, or none loaded)."""
+        view = self.models.get(name)
+        return view.config if view is not None else None
+
     def get(self, name: str) -> ModelView:
         view = self.models.get(name)
         if view is None:

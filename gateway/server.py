@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import redis.asyncio as aioredis
 from sluice.gateway.app import GatewayApp
 from sluice.gateway.background import start_background
 from sluice.gateway.bearer import BearerGuard
@@ -26,6 +27,11 @@ from sluice.gateway.jobs import JobStore
 from sluice.gateway.metrics import MetricsApp
 from sluice.gateway.model_table import ModelTable, no_versions
 from sluice.gateway.outage import OutagePolicy
+from sluice.gateway.response_cache.cache_config import CacheConfig
+from sluice.gateway.response_cache.cache_stats import CacheStats
+from sluice.gateway.response_cache.local_store import LocalStore
+from sluice.gateway.response_cache.redis_store import RedisStore
+from sluice.gateway.response_cache.response_cache import ResponseCache
 from sluice.gateway.stream_window import StreamLoad
 from sluice.shared.drain_deadline import DrainDeadline, on_stop_signals
 from sluice.shared.errors import Unavailable
@@ -69,6 +75,8 @@ class GatewayConfig:
     outage: OutagePolicy
     #: bytes of a streamed request's responses held for a client that does not read them.
     stream_max_held_bytes: int
+    #: Triton's response cache (--cache-config); None: no cache.
+    cache_config: CacheConfig | None = None
 
 
 async def serve_gateway(
@@ -110,14 +118,18 @@ async def serve_gateway(
     watch = JobWatch(waiter)
     jobs = JobStore(redis, watch, limits.job_ttl_s, limits.max_jobs)
     bulk = BulkApi(config.redis_url, limits.max_body_bytes, limits.max_bulk_jobs)
-    core = GatewayCore(dispatcher, table, config.limits, bulk)
+    cache, cache_redis = _response_cache(config, redis, table)
+    core = GatewayCore(dispatcher, table, config.limits, bulk, cache)
     app = GatewayApp(core, JobOperations(core, jobs), config.limits)
     http = HttpServer(app, config.limits.max_body_bytes, app.precheck)
     streams = StreamLoad()
-    metrics = _metrics_port(MetricsApp(redis, table, streams), config.limits.metrics_auth_token)
+    metrics_app = MetricsApp(redis, table, streams, cache)
+    metrics = _metrics_port(metrics_app, config.limits.metrics_auth_token)
     stop = stop or _stop_on_signal(config.drain_timeout_s, http)
     start_background(dispatcher, table, supervisor)
     supervisor.start("job-events", watch.run)
+    if cache is not None:
+        supervisor.start("cache-statistics", cache.stats.run)
     background: list[asyncio.Task[None]] = []
     grpc_port = _grpc_port(core, config, streams)
     settle_after_startup()
@@ -152,6 +164,24 @@ async def serve_gateway(
         await redis.aclose()
         await reader.aclose()
         await waiter.aclose()
+        if cache_redis is not None:
+            await cache_redis.aclose()
+
+
+def _response_cache(
+    config: GatewayConfig, redis: aioredis.Redis, table: ModelTable
+) -> tuple[ResponseCache | None, aioredis.Redis | None]:
+    """The gateway's response cache, and the Redis client of its own it opened, if any."""
+    settings = config.cache_config
+    if settings is None:
+        return None, None
+    stats = CacheStats(redis)
+    if settings.cache == "local":
+        return ResponseCache(LocalStore(settings.local_size), stats, table.config_of), None
+    url = settings.redis_url(config.redis_url)
+    own = async_client(url) if url != config.redis_url else None
+    store = RedisStore(own or redis, settings.ttl_s, settings.max_entry_bytes)
+    return ResponseCache(store, stats, table.config_of), own
 
 
 def _grpc_port(core: GatewayCore, config: GatewayConfig, streams: StreamLoad) -> GrpcPort | None:

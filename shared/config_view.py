@@ -16,6 +16,7 @@ from sluice.shared.ensemble import ENSEMBLE_PLATFORM, composing_models, is_ensem
 from sluice.shared.implicit_state import StateSpec, states_from_json
 from sluice.shared.partitions import config_partitions
 from sluice.shared.queue_policy import QueuePolicy
+from sluice.shared.response_cache_rules import cache_enabled
 from sluice.shared.sequence_controls import SequenceControl, controls_from_json
 from sluice.shared.sequence_routing import CHECKPOINT_PARAMETER
 from sluice.shared.signature import Signature
@@ -72,6 +73,8 @@ class ConfigView:
     sequence_checkpoint: bool
     #: how many partitions its request streams are split into (shared/partitions.py).
     partitions: int
+    #: `response_cache { enable }`: its responses are cached where the gateway has a cache.
+    response_cache: bool
     #: the models an ensemble's steps name (none for any other model).
     ensemble_steps: tuple[str, ...]
     #: where its instances run (workers/devices/placement.py); one default group when it lists none.
@@ -109,6 +112,7 @@ class ConfigView:
             sequence_states=states_from_json(str(config.get("name", "")), sequencing),
             sequence_checkpoint=_parameter(config, CHECKPOINT_PARAMETER).lower() == "true",
             partitions=config_partitions(config),
+            response_cache=cache_enabled(config),
             ensemble_steps=tuple(composing_models(config)) if is_ensemble(config) else (),
             instance_groups=tuple(
                 InstanceGroup.from_json(str(config.get("name", "")), group)

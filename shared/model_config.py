@@ -20,6 +20,7 @@ from sluice.shared.datatypes import config_to_wire
 from sluice.shared.errors import ModelConfigError
 from sluice.shared.partitions import PARAMETER as PARTITIONS
 from sluice.shared.partitions import parse_partitions
+from sluice.shared.response_cache_rules import cache_problem
 from sluice.shared.sequence_controls import check_controls
 from tritonclient.grpc.model_config_pb2 import (
     DataType,
@@ -206,6 +207,10 @@ def load_model_config(
     _fill_sequence_idle(cfg)
     if cfg.HasField("sequence_batching"):
         check_controls(cfg.sequence_batching, cfg.name)
+    triton_json = triton_config_json(cfg)
+    problem = cache_problem(triton_json)
+    if problem is not None:
+        raise ModelConfigError(problem)
     return ModelSpec(
         name=cfg.name,
         kind=kind,
@@ -222,7 +227,7 @@ def load_model_config(
         intra_op_threads=intra,
         inter_op_threads=inter,
         version_policy=version_policy,
-        config=ConfigView.from_json(triton_config_json(cfg)),
+        config=ConfigView.from_json(triton_json),
     )
 
 

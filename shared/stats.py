@@ -74,6 +74,37 @@ return n
 _READ_STATS = Lua(_FOLD_LUA + "fold(KEYS[1], KEYS[2])\nreturn redis.call('HGETALL', KEYS[1])\n")
 
 
+#: log a record, folding the log once it holds FOLD_AT (KEYS: stats, log): for records of
+#: requests that never reach a worker's batch (a gateway's cache hits).
+_LOG_STATS = Lua(
+    _FOLD_LUA + f"if redis.call('RPUSH', KEYS[2], ARGV[1]) >= {FOLD_AT} then "
+    "fold(KEYS[1], KEYS[2]) end\nreturn 1\n"
+)
+
+
+def log_stats_command(model: str, record: bytes) -> tuple[Any, ...]:
+    """The command that adds one statistics record to `model`'s statistics."""
+    return _LOG_STATS.command([keys.model_stats(model), keys.model_stats_log(model)], [record])
+
+
+def cache_hit_increments(version: int, duration_ns: int, at_ms: int) -> list[str | int]:
+    """A request answered from the response cache: a success and a queue entry with no wait
+    (Triton counts it so) and a cache hit, but no inference and no execution."""
+    v = version
+    return [
+        *(f"{v}:success_count", 1, f"{v}:success_ns", duration_ns),
+        *(f"{v}:queue_count", 1, f"{v}:queue_ns", 0),
+        *(f"{v}:cache_hit_count", 1, f"{v}:cache_hit_ns", duration_ns),
+        *(f"{v}:last_inference", at_ms),
+    ]
+
+
+def cache_miss_increments(version: int, duration_ns: int) -> list[str | int]:
+    """A lookup that missed and the insert of its response (the request's own figures come
+    from the batch that ran it)."""
+    return [f"{version}:cache_miss_count", 1, f"{version}:cache_miss_ns", duration_ns]
+
+
 def stats_record(increments: Sequence[str | int]) -> bytes:
     """A batch's (field, amount) pairs as one record of a statistics log."""
     return msgpack.packb(increments)

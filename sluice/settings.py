@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 from sluice.gateway.dispatcher import DEFAULT_STREAM_MAX_HELD_BYTES
 from sluice.gateway.grpc_options import CompressionLevel, GrpcOptions
 from sluice.gateway.outage import OutagePolicy
+from sluice.gateway.response_cache.cache_config import parse_cache_config
 from sluice.gateway.restricted_apis import GRPC_HEADER_PREFIX, Restrictions, parse_restrictions
 from sluice.options import (
     Check,
@@ -103,6 +104,15 @@ def restriction_check(flag: str) -> Check:
         return None
 
     return check
+
+
+def cache_config_check(specs: tuple[str, ...]) -> str | None:
+    """What is wrong with --cache-config, if anything."""
+    try:
+        parse_cache_config(specs)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def restricted_option(flag: str, help: str) -> Any:
@@ -293,6 +303,16 @@ class GatewayOptions(ProcessSettings, IdlePolling, ModelControl):
         old="--redis-outage-grace",
         check=at_least(0),
     )
+    cache_config: tuple[str, ...] = option(
+        (),
+        help="Triton's response cache, <cache>,<key>=<value> (repeat to add keys): "
+        "'local,size=<bytes>' keeps an LRU in each gateway; 'redis' keeps one cache for the "
+        "whole fleet on its Redis (or host=,port= another), each entry for ttl=<s> (600). "
+        "Models opt in with response_cache { enable: true }.",
+        repeat=True,
+        check=cache_config_check,
+        shown=" ".join,
+    )
     max_held_bytes: int = option(
         OUTAGE.max_held_bytes,
         help="Request payload the gateway holds at most while Redis is unreachable; a request "
@@ -328,8 +348,15 @@ class GatewayOptions(ProcessSettings, IdlePolling, ModelControl):
             ),
         )
         outage = OutagePolicy(self.redis_outage_grace_s, self.max_held_bytes)
+        cache = parse_cache_config(self.cache_config)
         return _built(
-            GatewayConfig, self, redis_url=redis_url, grpc=grpc, limits=limits, outage=outage
+            GatewayConfig,
+            self,
+            redis_url=redis_url,
+            grpc=grpc,
+            limits=limits,
+            outage=outage,
+            cache_config=cache,
         )
 
 

@@ -39,4 +39,4 @@ SLUICE_TEST_CLUSTER=1 pytest_or_stacks "$@" \
   tests/test_e2e_tritonclient.py tests/test_jobs.py tests/test_client_sdk.py \
   tests/test_crash_recovery.py tests/test_fleet.py tests/test_repository_control.py \
   tests/test_python_backend_e2e.py tests/test_python_backend_bls.py tests/test_partitions.py \
-  tests/test_sequence_fleet.py
+  tests/test_sequence_fleet.py tests/test_response_cache.py

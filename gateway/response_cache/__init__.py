@@ -1,0 +1,1 @@
+"""Triton's response cache, at the gateway: a hit is answered without queueing."""
