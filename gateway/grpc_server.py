@@ -132,6 +132,7 @@ class GrpcPort:
         host: str,
         limits: GatewayLimits,
         streams: StreamLoad,
+        share_port: bool = False,
     ) -> None:
         self.address = _address(host, options.port)
         self._started = False
@@ -141,8 +142,9 @@ class GrpcPort:
             options=[
                 ("grpc.max_receive_message_length", options.max_message_bytes),
                 ("grpc.max_send_message_length", -1),
-                # a port already taken must fail here, not be shared with its owner
-                ("grpc.so_reuseport", 0),
+                # a port already taken must fail here, not be shared with its owner, unless
+                # the gateways of this host share it on purpose (serve --gateways)
+                ("grpc.so_reuseport", 1 if share_port else 0),
                 ("grpc.default_compression_level", COMPRESSION_LEVELS[options.compression]),
             ],
         )

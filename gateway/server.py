@@ -77,6 +77,8 @@ class GatewayConfig:
     stream_max_held_bytes: int
     #: Triton's response cache (--cache-config); None: no cache.
     cache_config: CacheConfig | None = None
+    #: bind the ports with SO_REUSEPORT: other gateways of this host take connections on them.
+    share_ports: bool = False
 
 
 async def serve_gateway(
@@ -134,8 +136,8 @@ async def serve_gateway(
     grpc_port = _grpc_port(core, config, streams)
     settle_after_startup()
     try:
-        await http.start(config.host, config.http_port)
-        await metrics.start(config.host, config.metrics_port)
+        await http.start(config.host, config.http_port, config.share_ports)
+        await metrics.start(config.host, config.metrics_port, config.share_ports)
         if grpc_port is not None:
             await grpc_port.start()
         if on_ready is not None:
@@ -191,7 +193,7 @@ def _grpc_port(core: GatewayCore, config: GatewayConfig, streams: StreamLoad) ->
         return None
     from sluice.gateway.grpc_server import GrpcPort
 
-    return GrpcPort(core, config.grpc, config.host, config.limits, streams)
+    return GrpcPort(core, config.grpc, config.host, config.limits, streams, config.share_ports)
 
 
 def _metrics_port(app: MetricsApp, token: str | None) -> HttpServer:

@@ -466,10 +466,17 @@ class HttpServer:
             return False
         return True
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int, share_port: bool = False) -> None:
+        """Listen; `share_port`: with SO_REUSEPORT, beside other processes of this host that
+        listen on the port too (the kernel spreads connections over them)."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: _Connection(self), host, port, backlog=4096, reuse_address=True
+            lambda: _Connection(self),
+            host,
+            port,
+            backlog=4096,
+            reuse_address=True,
+            reuse_port=share_port or None,
         )
 
     async def shutdown(

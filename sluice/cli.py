@@ -11,6 +11,7 @@ from sluice.bench.settings import BenchSettings
 from sluice.jobs_cli import jobs
 from sluice.options_cli import settings_command
 from sluice.settings import (
+    GATEWAY_SETTINGS_ENV,
     WORKER_SETTINGS_ENV,
     GatewaySettings,
     ServeSettings,
@@ -61,7 +62,7 @@ def serve(settings: ServeSettings) -> None:
 
 
 @main.command()
-@settings_command(GatewaySettings)
+@settings_command(GatewaySettings, handed_down=GATEWAY_SETTINGS_ENV)
 def gateway(settings: GatewaySettings) -> None:
     """Run one stateless gateway (HTTP API + metrics) against a shared Redis."""
     import uvloop
@@ -74,7 +75,8 @@ def gateway(settings: GatewaySettings) -> None:
         "--metrics-port": settings.metrics_port,
         "--grpc-port": settings.grpc_port or None,
     }
-    preflight.check_ports(settings.host, ports)
+    if not settings.share_ports:  # shared ports are taken already, by the other gateways
+        preflight.check_ports(settings.host, ports)
     _logging(settings.log_level)
     logger = logging.getLogger("sluice.gateway")
 

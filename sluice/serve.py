@@ -1,17 +1,20 @@
-"""`sluice serve`: Redis (embedded unless given), N workers, bulk-job rq workers and a gateway.
+"""`sluice serve`: Redis (embedded unless given), N workers, bulk-job rq workers and gateways.
 
 Workers run as child processes that die with this one; a worker that exits unexpectedly is
 started again. SIGINT/SIGTERM stop the gateway (in-flight requests answered), then the
 workers (batches in hand finished), then the embedded Redis, all within --drain-timeout-s:
 requests still in flight then get a 503, and children still draining get SIGKILL. Each child
 is a plain `sluice worker` (or `sluice jobs worker`) that reads the settings serve hands it
-as JSON in one environment variable.
+as JSON in one environment variable. With --gateways N, N - 1 `sluice gateway` children run
+beside serve's own gateway, all on the same ports (SO_REUSEPORT: the kernel spreads connections
+over them), so that the gateways' Python work uses N cores.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -28,7 +31,12 @@ from sluice import runtime_file
 from sluice.embedded_redis import EmbeddedRedis, default_maxmemory, tied_to_parent
 from sluice.gateway.server import GatewayConfig, serve_gateway
 from sluice.options import Settings
-from sluice.settings import JOBS_WORKER_SETTINGS_ENV, WORKER_SETTINGS_ENV, ServeSettings
+from sluice.settings import (
+    GATEWAY_SETTINGS_ENV,
+    JOBS_WORKER_SETTINGS_ENV,
+    WORKER_SETTINGS_ENV,
+    ServeSettings,
+)
 from sluice.shared.drain_deadline import DrainDeadline, on_stop_signals
 from sluice.shared.redis_client import split_cluster_flag
 from sluice.shared.registry import Member
@@ -45,6 +53,7 @@ KILL_MARGIN_S = 1.0
 
 
 WORKER_ARGV = [*SLUICE, "worker"]
+GATEWAY_ARGV = [*SLUICE, "gateway"]
 JOBS_WORKER_ARGV = [*SLUICE, "jobs", "worker"]
 
 
@@ -135,11 +144,15 @@ async def _serve(settings: ServeSettings, gateway: GatewayConfig) -> None:
     else:
         jobs = handed_down(JOBS_WORKER_SETTINGS_ENV, settings.jobs_worker_settings(redis_url))
         pools.append(WorkerPool(settings.bulk_workers, JOBS_WORKER_ARGV, jobs))
+    # the gateways beside serve's own, on its ports (SO_REUSEPORT)
+    others = handed_down(GATEWAY_SETTINGS_ENV, settings.gateway_settings(redis_url))
+    gateways = WorkerPool(settings.gateway_count() - 1, GATEWAY_ARGV, others)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     stop_at_s: list[float] = []
 
     def kill_children() -> None:
+        gateways.kill()
         for pool in pools:
             pool.kill()
         runtime_file.remove()
@@ -147,7 +160,7 @@ async def _serve(settings: ServeSettings, gateway: GatewayConfig) -> None:
     deadline = DrainDeadline(
         drain_s + 2 * KILL_MARGIN_S,
         "sluice serve",
-        lambda: ", ".join(f"{p.name} pid {pid}" for p in pools for pid in p.running()),
+        lambda: ", ".join(f"{p.name} pid {pid}" for p in (gateways, *pools) for pid in p.running()),
         kill_children,
     )
 
@@ -167,10 +180,15 @@ async def _serve(settings: ServeSettings, gateway: GatewayConfig) -> None:
             "sluice ready: http://%s:%d (%smetrics on :%d)", host, port, on, gateway.metrics_port
         )
 
+    def all_up(members: Sequence[Member]) -> bool:
+        return pools[0].up(members) and gateways.up(members)
+
     try:
-        await serve_gateway(gateway, on_ready=announce, stop=stop, workers_up=pools[0].up)
+        gateways.start()
+        await serve_gateway(gateway, on_ready=announce, stop=stop, workers_up=all_up)
     finally:
         kill_at_s = (stop_at_s[0] if stop_at_s else loop.time()) + drain_s + KILL_MARGIN_S
+        await gateways.stop(kill_at_s)  # the gateways first: workers answer what they queued
         await asyncio.gather(*(pool.stop(kill_at_s) for pool in pools))
 
 
@@ -201,6 +219,8 @@ def run_serve(settings: ServeSettings) -> None:
             redis_url = stack.enter_context(EmbeddedRedis(maxmemory=maxmemory)).url
             log.info("embedded Redis at %s, maxmemory %d MiB", redis_url, maxmemory >> 20)
         gateway = settings.gateway_config(redis_url)
+        if settings.gateway_count() > 1:
+            gateway = dataclasses.replace(gateway, share_ports=True)
         stack.callback(runtime_file.remove)
         _announce_locally(gateway, settings.model_repository)
         uvloop.run(_serve(settings, gateway))

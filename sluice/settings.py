@@ -13,6 +13,7 @@ name.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
 #: the environment variables through which serve hands its children their settings.
 WORKER_SETTINGS_ENV = "SLUICE_WORKER_SETTINGS"
 JOBS_WORKER_SETTINGS_ENV = "SLUICE_JOBS_WORKER_SETTINGS"
+GATEWAY_SETTINGS_ENV = "SLUICE_GATEWAY_SETTINGS"
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 
@@ -313,6 +315,11 @@ class GatewayOptions(ProcessSettings, IdlePolling, ModelControl):
         check=cache_config_check,
         shown=" ".join,
     )
+    share_ports: bool = option(
+        False,
+        help="Bind the HTTP, gRPC and metrics ports with SO_REUSEPORT, so that several gateway "
+        "processes of this host take connections on the same ports (serve --gateways does).",
+    )
     max_held_bytes: int = option(
         OUTAGE.max_held_bytes,
         help="Request payload the gateway holds at most while Redis is unreachable; a request "
@@ -470,6 +477,12 @@ class ServeSettings(GatewayOptions, BatchingOptions, RedisPassword):
     workers: int = option(
         1, help="Worker processes to run (each serves every model).", check=at_least(1)
     )
+    gateways: int = option(
+        0,
+        help="Gateway processes to run, sharing the HTTP, gRPC and metrics ports (SO_REUSEPORT); "
+        "0: one per four cores of this host, at least one.",
+        check=at_least(0),
+    )
     bulk_workers: int = option(
         1,
         help="rq workers running bulk jobs (sluice jobs submit, POST .../bulk).",
@@ -486,6 +499,16 @@ class ServeSettings(GatewayOptions, BatchingOptions, RedisPassword):
     def worker_settings(self, redis_url: str) -> WorkerSettings:
         """What every worker serve starts runs with (no probe port: serve's gateway is one)."""
         return WorkerSettings(**_values(self, BatchingOptions), redis_url=redis_url)
+
+    def gateway_count(self) -> int:
+        """--gateways, or by default one gateway per four cores."""
+        return self.gateways or max(1, (os.cpu_count() or 1) // 4)
+
+    def gateway_settings(self, redis_url: str) -> GatewaySettings:
+        """What each gateway serve starts beside its own runs with: the same options, on the
+        same ports, shared."""
+        options = _values(self, GatewayOptions) | {"share_ports": True}
+        return GatewaySettings(**options, redis_url=redis_url)
 
     def jobs_worker_settings(self, redis_url: str) -> JobsWorkerSettings:
         return JobsWorkerSettings(**_values(self, ProcessSettings), redis_url=redis_url)

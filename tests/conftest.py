@@ -23,6 +23,10 @@ from tests.redis_cluster import EmbeddedCluster
 
 HERE = Path(__file__).parent
 READY_LINE = "sluice ready"
+
+#: every `sluice serve` a test starts runs one gateway, whatever this host's cores would choose
+#: (tests that want more say --gateways)
+os.environ.setdefault("SLUICE_GATEWAYS", "1")
 START_TIMEOUT_S = 120
 
 
