@@ -120,7 +120,7 @@ def test_a_kind_gpu_model_on_a_worker_without_a_gpu_is_not_loaded(tmp_path: Path
 def test_the_loaded_spec_counts_the_instances_placed(tmp_path: Path) -> None:
     """On a GPU a group's count is per GPU, so the worker's lanes are the instances placed."""
     entry = scan_model(write_model(tmp_path, "instance_group [ { kind: KIND_AUTO count: 2 } ]"))
-    loaded, instances, device = load_model(entry)
+    loaded, instances, device, _ = load_model(entry)
     gpus = max(torch.cuda.device_count(), 1)
     assert loaded.spec is not None and loaded.spec.instance_count == 2 * gpus
     assert len(instances[1]) == 2 * gpus

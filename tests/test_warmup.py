@@ -83,10 +83,19 @@ def test_warmup_runs_on_every_instance_before_the_model_is_ready_and_a_failure_k
     _model(tmp_path, "outside", 'input_data_file: "../config.pbtxt"')
     with serving_alone(tmp_path) as service:
         index = _index(service.http_url)
+        url = f"http://{service.http_url}/v2/models/zeros/stats"
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            stats = json.loads(reply.read())["model_stats"][0]
     # count 2 on each of two instances: four calls of three requests each, before READY
     assert (zeros / "calls.txt").read_text() == "3 0.0\n" * 4
     assert (from_file / "calls.txt").read_text() == "3 12.0\n" * 4
     assert index["zeros"]["state"] == "READY"
+    # the runs count in the model's statistics, as Triton counts them
+    assert (stats["inference_count"], stats["execution_count"]) == (12, 4)
+    assert stats["inference_stats"]["success"]["count"] == 12
+    assert [(b["batch_size"], b["compute_infer"]["count"]) for b in stats["batch_stats"]] == [
+        (3, 4)
+    ]
     assert index["failing"]["state"] == "UNAVAILABLE"
     assert index["failing"]["reason"].startswith(
         "failed to run warmup sample 'w': Failed to process the request(s) for model 'failing'"

@@ -303,7 +303,7 @@ class Worker:
         )
         manager = self.manager = ModelManager(served, self.config.models)
         only, desired = await self._startup_models(manager)
-        served.start(await asyncio.to_thread(served.scan_at_start, self.config.models, only))
+        await served.start(await asyncio.to_thread(served.scan_at_start, self.config.models, only))
         manager.follow(desired)
         settle_after_startup()
         on_stop_signals(self.drain, asyncio.get_running_loop(), self.stop)

@@ -8,6 +8,8 @@ BYTES as 4-byte lengths and bytes) and runs `max(count, 1)` times, in order, as 
 requests of one row in one call (`batch_size` 0: not run). The first sample that fails stops
 the load with Triton's reason, `failed to run warmup sample '<name>': <its errors>`, and the
 model is not served. Answers are dropped; a decoupled model's instances are not warmed up.
+Each run counts in the model's statistics as Triton counts it: `batch_size` inferences, one
+execution of that batch size.
 """
 
 from __future__ import annotations
@@ -21,17 +23,22 @@ from sluice.shared.datatypes import NUMPY_DTYPE, config_to_wire, serialize_bytes
 from sluice.shared.errors import ModelConfigError, SluiceError
 from sluice.shared.model_config import ModelSpec
 from sluice.shared.protocol import Request, Tensor
+from sluice.shared.stats import BatchStats
 from sluice.workers.instances.model_instance import Answered, Batch, ModelInstance
 
 #: the folder of a model's warm-up data files.
 WARMUP_DIR = "warmup"
 
 
-def warm_up(spec: ModelSpec, model_dir: Path, version: int, instance: ModelInstance) -> None:
-    """Run the config's warm-up samples on `instance` (ModelConfigError: one failed)."""
+def warm_up(
+    spec: ModelSpec, model_dir: Path, version: int, instance: ModelInstance
+) -> list[str | int]:
+    """Run the config's warm-up samples on `instance` (ModelConfigError: one failed); the
+    statistics of its runs (shared/stats.py increments)."""
     samples = spec.config_json.get("model_warmup") or []
+    increments: list[str | int] = []
     if not samples or spec.config.decoupled or spec.config.iterative_sequence:
-        return
+        return increments
     for sample in samples:
         name = str(sample.get("name", ""))
         rows = int(sample.get("batch_size") or 0)
@@ -42,29 +49,40 @@ def warm_up(spec: ModelSpec, model_dir: Path, version: int, instance: ModelInsta
             for input_name, setting in (sample.get("inputs") or {}).items()
         ]
         for _ in range(max(1, int(sample.get("count") or 0))):
-            errors = _run(instance, version, name, inputs, rows)
-            if errors:
-                raise ModelConfigError(f"failed to run warmup sample '{name}': {'; '.join(errors)}")
+            increments += _run(instance, version, name, inputs, rows)
+    return increments
 
 
 def _run(
     instance: ModelInstance, version: int, name: str, inputs: list[Tensor], rows: int
-) -> list[str]:
-    """One run of a sample: the errors of its requests (none: it ran)."""
+) -> list[str | int]:
+    """One run of a sample, and its statistics; ModelConfigError with its requests' errors."""
+    started_ns = time.time_ns()
     requests = [
-        Request(f"warmup:{name}:{row}", version, time.time_ns(), "", list(inputs))
+        Request(f"warmup:{name}:{row}", version, started_ns, "", list(inputs))
         for row in range(rows)
     ]
     try:
-        answers, _ = instance.run(Batch(requests, [1] * rows))
+        answers, timing = instance.run(Batch(requests, [1] * rows))
     except Exception as exc:  # the model's own failure
-        return [f"{type(exc).__name__}: {exc}"]
-    errors = []
-    for answer in answers:
-        error = answer.error if isinstance(answer, Answered) else answer
-        if isinstance(error, SluiceError):
-            errors.append(error.message)
-    return errors
+        errors = [f"{type(exc).__name__}: {exc}"]
+    else:
+        errors = []
+        for answer in answers:
+            error = answer.error if isinstance(answer, Answered) else answer
+            if isinstance(error, SluiceError):
+                errors.append(error.message)
+    if errors:
+        raise ModelConfigError(f"failed to run warmup sample '{name}': {'; '.join(errors)}")
+    finished_ns = time.time_ns()
+    stats = BatchStats(version, rows, finished_ns // 1_000_000, queue_samples_ns=[0] * rows)
+    stats.input_ns, stats.infer_ns, stats.output_ns = (
+        timing.input_ns,
+        timing.infer_ns,
+        timing.output_ns,
+    )
+    stats.settle([started_ns] * rows, [False] * rows, finished_ns)
+    return stats.increments()
 
 
 def _tensor(spec: ModelSpec, model_dir: Path, name: str, setting: dict[str, Any]) -> Tensor:

@@ -30,8 +30,9 @@ log = logging.getLogger(__name__)
 #: ModelSpec.kind of an ensemble, which runs no instance of its own.
 ENSEMBLE_KIND = "ensemble"
 
-#: a loaded model: its entry (instance_count as placed), instances per version, first device.
-Loaded = tuple[ModelEntry, dict[int, list[ModelInstance]], torch.device]
+#: a loaded model: its entry (instance_count as placed), instances per version, first device,
+#: and the statistics its warm-up runs add (shared/stats.py increments).
+Loaded = tuple[ModelEntry, dict[int, list[ModelInstance]], torch.device, list[str | int]]
 
 
 def configure_threads(entries: list[ModelEntry]) -> None:
@@ -67,16 +68,17 @@ def load_model(entry: ModelEntry) -> Loaded:
         ]
         for version in entry.versions
     }
+    warmup: list[str | int] = []
     try:
         for version, lanes in instances.items():
             for instance in lanes:
-                warm_up(spec, entry.path, version, instance)
+                warmup += warm_up(spec, entry.path, version, instance)
     except ModelConfigError:
         for lanes in instances.values():
             for instance in lanes:
                 instance.close()
         raise
-    return replace(entry, spec=spec), instances, devices[0]
+    return replace(entry, spec=spec), instances, devices[0], warmup
 
 
 def check_ensemble(entry: ModelEntry, repository: Path, complete: Completer | None) -> None:
@@ -141,5 +143,5 @@ async def build(
         raise ModelConfigError(entry.error or "no model config")
     if entry.spec.kind == ENSEMBLE_KIND:
         await asyncio.to_thread(check_ensemble, entry, repository, complete)
-        return entry, {}, torch.device("cpu")
+        return entry, {}, torch.device("cpu"), []
     return await asyncio.to_thread(load_model, entry)

@@ -27,10 +27,11 @@ from pathlib import Path
 
 from sluice.shared.errors import ModelConfigError
 from sluice.shared.model_config import Completer
-from sluice.shared.redis_client import AsyncClient
+from sluice.shared.redis_client import REDIS_ERRORS, AsyncClient
 from sluice.shared.registry import LOADING, READY, UNAVAILABLE, UNLOADING, ModelStatus
 from sluice.shared.repository import ModelEntry, fingerprint
 from sluice.shared.repository_control import DesiredModel, model_name_problem
+from sluice.shared.stats import log_stats_command, stats_record
 from sluice.workers.batching.model_queue import ModelQueue
 from sluice.workers.models.model_build import (
     ENSEMBLE_KIND,
@@ -115,20 +116,32 @@ class ServedModels:
                     self.ensembles[entry.name] = entry
                     self.statuses[entry.name] = ModelStatus(list(entry.versions), None)
                     continue
-                entry, instances, device = load_model(entry)
+                entry, instances, device, warmup = load_model(entry)
             except ModelConfigError as exc:
                 log.error("model %r not loaded: %s", entry.name, exc.message)
                 self.statuses[entry.name] = ModelStatus([], exc.message)
                 continue
             self.statuses[entry.name] = ModelStatus(list(entry.versions), None)
-            loaded.append((entry, instances, device))
+            loaded.append((entry, instances, device, warmup))
             log.info("model %r versions %s ready on %s", entry.name, entry.versions, device)
         return loaded
 
-    def start(self, loaded: list[Loaded]) -> None:
+    async def start(self, loaded: list[Loaded]) -> None:
         """Serve what `scan_at_start` loaded, under the worker's own consumer name."""
-        for entry, instances, device in loaded:
+        for entry, instances, device, warmup in loaded:
+            await self._count_warmup(entry.name, warmup)
             self._run(entry.name, self.make_queue(entry.spec, instances, device, self.consumer))
+
+    async def _count_warmup(self, name: str, increments: list[str | int]) -> None:
+        """A model's warm-up runs in its statistics, as Triton counts them, before it is
+        ready; a Redis failure costs only these figures."""
+        if not increments:
+            return
+        command = log_stats_command(name, stats_record(increments))
+        try:
+            await self.redis.execute_command(*command)
+        except REDIS_ERRORS as exc:
+            log.warning("model %r: warm-up statistics not written: %s", name, exc)
 
     def _run(self, name: str, queue: ModelQueue) -> None:
         self.queues[name] = queue
@@ -180,7 +193,7 @@ class ServedModels:
         try:
             if wanted.has_files:
                 files_dir = self.overrides.for_load(wanted.generation, name)
-            entry, instances, device = await build(
+            entry, instances, device, warmup = await build(
                 self.redis,
                 name,
                 wanted,
@@ -208,6 +221,7 @@ class ServedModels:
             self._sources[name] = Source(seen, wanted.overridden or wanted.has_files, files_dir)
             self._set(name, ModelStatus(list(entry.versions), None, READY, wanted.generation))
             return
+        await self._count_warmup(name, warmup)
         consumer = f"{self.consumer}/{next(self._consumer_numbers)}"
         queue = self.make_queue(entry.spec, instances, device, consumer)
         self._run(name, queue)
