@@ -7,11 +7,13 @@ machine does not land on one of them. The table gives each figure's median over 
 and the gateway's CPU time per inference (serve's own process: the gateway; the worker runs in
 a child process).
 
-    python benchmarks/grpc_vs_http.py [--rounds 3] [--baseline REF]
+    python benchmarks/grpc_vs_http.py [--rounds 3] [--baseline REF] [--grpcio]
 
 `--baseline REF` also serves gRPC from a second `sluice serve` whose gateway/grpc_*.py are as
 they are at git REF (the rest of the tree is this checkout's), measured in the same rounds
 (row `grpc@REF`): a change to the gRPC transport against what it replaced, side by side.
+`--grpcio` does the same with a second `sluice serve --grpc-server grpcio` (row
+`grpc (grpcio)`): grpcio's asyncio server against the gateway's own HTTP/2.
 
 perf_analyzer as benchmarks/compare_triton.py finds it (PERF_ANALYZER and PA_LIBDIR, or the
 Triton anchor's under $ANCHORS); this one needs it (`sluice bench` speaks HTTP only).
@@ -67,7 +69,7 @@ def grpc_modules_at(ref: str) -> Path:
     return folder
 
 
-def serve_command(port: int, overlay: Path | None = None) -> list[str]:
+def serve_command(port: int, overlay: Path | None = None, *extra: str) -> list[str]:
     """HTTP on `port`, gRPC on `port + 1`, metrics on `port + 2`, as Triton's 8000-8002;
     with `overlay`, the gateway modules found there replace this checkout's."""
     python = (sys.executable, "-m", "sluice")
@@ -77,6 +79,7 @@ def serve_command(port: int, overlay: Path | None = None) -> list[str]:
         *(*python, "serve", "--model-repository", str(EXAMPLES)),
         *("--http-port", str(port), "--grpc-port", str(port + 1)),
         *("--metrics-port", str(port + 2), "--bulk-workers", "0", "--log-level", "warning"),
+        *extra,
     ]
 
 
@@ -143,6 +146,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--port", type=int, default=18800)
     parser.add_argument("--baseline", metavar="REF", help="also gRPC with grpc_*.py at REF")
+    parser.add_argument("--grpcio", action="store_true", help="also gRPC on grpcio's server")
     args = parser.parse_args()
     if not (EXAMPLES / "mlp" / "1" / "model.pt").exists():
         raise SystemExit("build the example models first: python examples/build_models.py")
@@ -155,6 +159,12 @@ def main() -> None:
             overlay = grpc_modules_at(args.baseline)
             other = stack.enter_context(running(serve_command(port, overlay)))
             targets[f"grpc@{args.baseline}"] = ("grpc", port, other.pid)
+        if args.grpcio:
+            port = args.port + 20
+            other = stack.enter_context(
+                running(serve_command(port, None, "--grpc-server", "grpcio"))
+            )
+            targets["grpc (grpcio)"] = ("grpc", port, other.pid)
         for _, port, _ in targets.values():
             wait_ready(f"127.0.0.1:{port}")
         labels = list(targets)

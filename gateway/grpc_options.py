@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 CompressionLevel = Literal["none", "low", "medium", "high"]
+#: which server carries the gRPC port: sluice's own HTTP/2 on the gateway's event loop
+#: (gateway/grpc_h2), or grpcio's asyncio server (gateway/grpc_server.py).
+GrpcServer = Literal["sluice", "grpcio"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -23,3 +26,5 @@ class GrpcOptions:
     stream_max_requests: int
     #: bytes of responses queued for a stream's client; past them its requests wait.
     stream_max_queued_bytes: int
+    #: the server that carries the port.
+    server: GrpcServer = "sluice"

@@ -57,6 +57,16 @@ def service_handlers(servicer: InferenceServicer) -> dict[str, Any]:
     return handlers
 
 
+def inference_servicer(
+    core: GatewayCore, limits: GatewayLimits, options: GrpcOptions, streams: StreamLoad
+) -> InferenceServicer:
+    """The servicer either server runs, its streams bounded as the options say."""
+    window = partial(
+        StreamWindow, options.stream_max_requests, options.stream_max_queued_bytes, streams
+    )
+    return InferenceServicer(core, limits.auth_token, window)
+
+
 @dataclass(frozen=True, slots=True)
 class Undecodable:
     """Request bytes that do not parse as the RPC's message, and why."""
@@ -148,10 +158,7 @@ class GrpcPort:
                 ("grpc.default_compression_level", COMPRESSION_LEVELS[options.compression]),
             ],
         )
-        window = partial(
-            StreamWindow, options.stream_max_requests, options.stream_max_queued_bytes, streams
-        )
-        handlers = service_handlers(InferenceServicer(core, limits.auth_token, window))
+        handlers = service_handlers(inference_servicer(core, limits, options, streams))
         generic = grpc.method_handlers_generic_handler(SERVICE.full_name, handlers)
         self.server.add_generic_rpc_handlers((generic, health_handler(core.ready)))
         registered = {name: handlers[name] for name in REGISTERED_RPCS}

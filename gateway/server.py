@@ -43,6 +43,7 @@ from sluice.shared.supervision import Supervisor
 from sluice.shared.tasks import stop_tasks
 
 if TYPE_CHECKING:
+    from sluice.gateway.grpc_h2.port import H2GrpcPort
     from sluice.gateway.grpc_server import GrpcPort
 
 log = logging.getLogger(__name__)
@@ -186,14 +187,21 @@ def _response_cache(
     return ResponseCache(store, stats, table.config_of), own
 
 
-def _grpc_port(core: GatewayCore, config: GatewayConfig, streams: StreamLoad) -> GrpcPort | None:
+def _grpc_port(
+    core: GatewayCore, config: GatewayConfig, streams: StreamLoad
+) -> GrpcPort | H2GrpcPort | None:
     """The gRPC port, not listening yet, or None when gRPC is off. Its modules load only
     then: a gateway without gRPC needs neither grpcio nor tritonclient's messages."""
     if config.grpc.port == 0:
         return None
-    from sluice.gateway.grpc_server import GrpcPort
+    args = (core, config.grpc, config.host, config.limits, streams, config.share_ports)
+    if config.grpc.server == "grpcio":
+        from sluice.gateway.grpc_server import GrpcPort
 
-    return GrpcPort(core, config.grpc, config.host, config.limits, streams, config.share_ports)
+        return GrpcPort(*args)
+    from sluice.gateway.grpc_h2.port import H2GrpcPort
+
+    return H2GrpcPort(*args)
 
 
 def _metrics_port(app: MetricsApp, token: str | None) -> HttpServer:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 from sluice.gateway.dispatcher import DEFAULT_STREAM_MAX_HELD_BYTES
-from sluice.gateway.grpc_options import CompressionLevel, GrpcOptions
+from sluice.gateway.grpc_options import CompressionLevel, GrpcOptions, GrpcServer
 from sluice.gateway.outage import OutagePolicy
 from sluice.gateway.response_cache.cache_config import parse_cache_config
 from sluice.gateway.restricted_apis import GRPC_HEADER_PREFIX, Restrictions, parse_restrictions
@@ -214,6 +214,12 @@ class GatewayOptions(ProcessSettings, IdlePolling, ModelControl):
         help="How much gRPC responses are compressed, as Triton's option of that name (requests "
         "a client compressed are always accepted).",
     )
+    grpc_server: GrpcServer = option(
+        "sluice",
+        help="What serves the gRPC port: 'sluice', HTTP/2 on the gateway's own event loop, or "
+        "'grpcio', grpcio's asyncio server (the same RPCs and answers; sluice's costs a "
+        "fraction of the CPU per call).",
+    )
     grpc_stream_max_requests: int = option(
         64,
         help="Requests of one gRPC ModelStreamInfer stream in flight at once (read, and not "
@@ -345,6 +351,7 @@ class GatewayOptions(ProcessSettings, IdlePolling, ModelControl):
             compression=self.grpc_infer_response_compression_level,
             stream_max_requests=self.grpc_stream_max_requests,
             stream_max_queued_bytes=self.grpc_stream_max_queued_bytes,
+            server=self.grpc_server,
         )
         limits = _built(
             GatewayLimits,

@@ -1,6 +1,7 @@
 """Gateways of their own through tritonclient.grpc, on the session service's Redis and workers:
-one that wants a token, limits a message's size and compresses its responses; one that stops
-with a call in flight; and a stream cancelled with a request queued."""
+one that wants a token, limits a message's size and compresses its responses (on each gRPC
+server: the gateway's own HTTP/2 and grpcio's); one that stops with a call in flight; and a
+stream cancelled with a request queued."""
 
 from __future__ import annotations
 
@@ -32,10 +33,11 @@ TOKEN = "s3cret"
 LIMIT = 1 << 20
 
 
-@pytest.fixture(scope="module")
-def guarded(service: Service) -> Iterator[Service]:
-    """A second gateway on the same Redis (the service's workers serve it)."""
-    args = ["--redis-url", service.redis_url, "--auth-token", TOKEN]
+@pytest.fixture(scope="module", params=["sluice", "grpcio"])
+def guarded(service: Service, request: pytest.FixtureRequest) -> Iterator[Service]:
+    """A second gateway on the same Redis (the service's workers serve it), on each of the
+    servers --grpc-server chooses, which must answer alike."""
+    args = ["--redis-url", service.redis_url, "--auth-token", TOKEN, "--grpc-server", request.param]
     args += ["--max-body-bytes", str(LIMIT), "--grpc-infer-response-compression-level", "high"]
     gateway = start_sluice("gateway", args)
     yield gateway
