@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import hpack
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -34,7 +35,8 @@ class Model:
 """
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-GOAWAY = 7
+DATA, HEADERS, RST_STREAM, SETTINGS, GOAWAY = 0, 1, 3, 4, 7
+END_HEADERS = 0x4
 
 
 @pytest.fixture(scope="module")
@@ -100,3 +102,44 @@ def test_a_frame_past_the_advertised_size_closes_the_connection(echo: Service) -
     too_big = ((16 << 20) - 1).to_bytes(3, "big") + bytes([0, 0]) + (1).to_bytes(4, "big")
     answer = _answer_to(echo, PREFACE + too_big)
     assert _goaway_code(answer) == 0x6  # FRAME_SIZE_ERROR
+
+
+def _frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+    head = len(payload).to_bytes(3, "big") + bytes([kind, flags])
+    return head + stream_id.to_bytes(4, "big") + payload
+
+
+def _call_headers(encoder: hpack.Encoder, echo: Service, method: str) -> bytes:
+    return encoder.encode(
+        [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", f"/inference.GRPCInferenceService/{method}"),
+            (":authority", echo.grpc_url),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+        ]
+    )
+
+
+def test_a_client_past_a_streams_window_is_closed(echo: Service) -> None:
+    """A stream call's body is granted only as its requests are taken: a client that sends
+    past the 1 MiB window anyway breaks flow control."""
+    headers = _call_headers(hpack.Encoder(), echo, "ModelStreamInfer")
+    message_start = b"\x00" + (60 << 20).to_bytes(4, "big")  # one message, never complete
+    body = message_start + b"x" * (600 << 10)
+    data = PREFACE + _frame(SETTINGS, 0, 0) + _frame(HEADERS, END_HEADERS, 1, headers)
+    data += _frame(DATA, 0, 1, body) + _frame(DATA, 0, 1, b"x" * (600 << 10))
+    assert _goaway_code(_answer_to(echo, data)) == 0x3  # FLOW_CONTROL_ERROR
+
+
+def test_a_client_resetting_streams_by_the_thousand_is_sent_away(echo: Service) -> None:
+    """HTTP/2's rapid reset: each stream opened starts a call, each reset ends it at once."""
+    encoder = hpack.Encoder()
+    frames = [PREFACE, _frame(SETTINGS, 0, 0)]
+    for stream_id in range(1, 2401, 2):  # 1,200 client streams
+        frames.append(
+            _frame(HEADERS, END_HEADERS, stream_id, _call_headers(encoder, echo, "ModelInfer"))
+        )
+        frames.append(_frame(RST_STREAM, 0, stream_id, (8).to_bytes(4, "big")))
+    assert _goaway_code(_answer_to(echo, b"".join(frames))) == 0xB  # ENHANCE_YOUR_CALM

@@ -35,6 +35,7 @@ from sluice.gateway.grpc_h2.frames import (
     FRAME_SIZE_ERROR,
     GOAWAY,
     HEADERS,
+    INTERNAL_ERROR,
     MAX_WINDOW,
     NO_ERROR,
     PADDED,
@@ -71,6 +72,9 @@ CONNECTION_WINDOW = 16 << 20
 MAX_HEADER_LIST = 64 << 10
 #: bytes a stream may have queued for a client that does not read before `drained` waits.
 SEND_BUFFER = 1 << 20
+#: streams a client may reset in a second (each started a call): more is an attack on the
+#: server's work, not a client cancelling (HTTP/2 "rapid reset").
+RESETS_PER_S = 1000
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -103,6 +107,7 @@ class Stream:
         "local_ended",
         "pending",
         "pending_bytes",
+        "receive_window",
         "remote_ended",
         "send_window",
         "trailers",
@@ -120,6 +125,8 @@ class Stream:
         self.local_ended = False
         #: bytes received and taken by the call, not yet granted back to the client.
         self.ungranted = 0
+        #: what the client may still send before a grant: past it, it broke flow control.
+        self.receive_window = STREAM_WINDOW
         self.drained: asyncio.Event | None = None
 
 
@@ -147,6 +154,11 @@ class Connection(asyncio.Protocol):
         self._peer_max_frame = DEFAULT_MAX_FRAME
         self._send_window = DEFAULT_WINDOW
         self._received_ungranted = 0
+        self._receive_window = CONNECTION_WINDOW
+        #: streams the client reset in the current second, and when that second began: a
+        #: client that opens and resets streams faster than RESETS_PER_S is sent away.
+        self._resets = 0
+        self._resets_since = 0.0
         self._blocked: dict[int, Stream] = {}
         self._out: list[bytes] = []
         self._flush_scheduled = False
@@ -201,6 +213,9 @@ class Connection(asyncio.Protocol):
             self._read_frames()
         except ConnectionError_ as exc:
             self._fail(exc.code, str(exc))
+        except Exception as exc:  # a bug: this connection ends, the others go on
+            log.error("gRPC connection failed", exc_info=exc)
+            self._fail(INTERNAL_ERROR, "internal error")
         self._flush()
 
     # -- frames in ---------------------------------------------------------------------------
@@ -250,6 +265,7 @@ class Connection(asyncio.Protocol):
         elif kind == RST_STREAM:
             stream = self.streams.get(stream_id)
             if stream is not None:
+                self._count_reset()
                 self._forget(stream)
         elif kind == GOAWAY:
             self.closing = True
@@ -259,17 +275,26 @@ class Connection(asyncio.Protocol):
         # PRIORITY and unknown frames are ignored, as the protocol allows
 
     def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
+        self._receive_window -= len(payload)
+        if self._receive_window < 0:
+            raise ConnectionError_(FLOW_CONTROL_ERROR, "data past the connection's window")
         self._received_ungranted += len(payload)
         if self._received_ungranted >= CONNECTION_WINDOW // 2:
             self._write(window_update(0, self._received_ungranted))
+            self._receive_window += self._received_ungranted
             self._received_ungranted = 0
-        if flags & PADDED:
-            payload = _unpadded(payload)
         stream = self.streams.get(stream_id)
         if stream is None or stream.remote_ended:
             if stream_id > self._last_stream_id:
                 raise ConnectionError_(PROTOCOL_ERROR, "DATA on a stream never opened")
             return  # a stream closed or reset meanwhile: its data is dropped
+        stream.receive_window -= len(payload)
+        if stream.receive_window < 0:
+            raise ConnectionError_(FLOW_CONTROL_ERROR, "data past a stream's window")
+        if flags & PADDED:
+            padded = len(payload)
+            payload = _unpadded(payload)
+            self.grant(stream, padded - len(payload))  # padding is no call's to take
         end = bool(flags & END_STREAM)
         stream.remote_ended = end
         if stream.handler is not None:
@@ -362,6 +387,14 @@ class Connection(asyncio.Protocol):
             stream.send_window += increment
             self._send_pending(stream)
 
+    def _count_reset(self) -> None:
+        now = asyncio.get_running_loop().time()
+        if now - self._resets_since >= 1.0:
+            self._resets, self._resets_since = 0, now
+        self._resets += 1
+        if self._resets > RESETS_PER_S:
+            raise ConnectionError_(ENHANCE_YOUR_CALM, "too many streams reset")
+
     # -- what the calls do -----------------------------------------------------------------------
 
     def grant(self, stream: Stream, size: int) -> None:
@@ -371,6 +404,7 @@ class Connection(asyncio.Protocol):
         stream.ungranted += size
         if stream.ungranted >= STREAM_WINDOW // 4:
             self._write(window_update(stream.id, stream.ungranted))
+            stream.receive_window += stream.ungranted
             stream.ungranted = 0
             self._schedule_flush()
 
