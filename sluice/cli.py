@@ -78,6 +78,11 @@ def gateway(settings: GatewaySettings) -> None:
     if not settings.share_ports:  # shared ports are taken already, by the other gateways
         preflight.check_ports(settings.host, ports)
     _logging(settings.log_level)
+    if settings.gateway_count() > 1:
+        from sluice.serve import run_gateways
+
+        run_gateways(settings)
+        return
     logger = logging.getLogger("sluice.gateway")
 
     def announce() -> None:

@@ -7,7 +7,8 @@ requests still in flight then get a 503, and children still draining get SIGKILL
 is a plain `sluice worker` (or `sluice jobs worker`) that reads the settings serve hands it
 as JSON in one environment variable. With --gateways N, N - 1 `sluice gateway` children run
 beside serve's own gateway, all on the same ports (SO_REUSEPORT: the kernel spreads connections
-over them), so that the gateways' Python work uses N cores.
+over them), so that the gateways' Python work uses N cores; `sluice gateway --gateways N`
+(`run_gateways`) does the same for a gateway alone (the gateway image).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from sluice.settings import (
     GATEWAY_SETTINGS_ENV,
     JOBS_WORKER_SETTINGS_ENV,
     WORKER_SETTINGS_ENV,
+    GatewaySettings,
     ServeSettings,
 )
 from sluice.shared.drain_deadline import DrainDeadline, on_stop_signals
@@ -224,3 +226,44 @@ def run_serve(settings: ServeSettings) -> None:
         stack.callback(runtime_file.remove)
         _announce_locally(gateway, settings.model_repository)
         uvloop.run(_serve(settings, gateway))
+
+
+def run_gateways(settings: GatewaySettings) -> None:
+    """`sluice gateway --gateways N`: this gateway and N - 1 children on the same ports."""
+    uvloop.run(_gateways(settings))
+
+
+async def _gateways(settings: GatewaySettings) -> None:
+    drain_s = settings.drain_timeout_s
+    children = handed_down(GATEWAY_SETTINGS_ENV, settings.child_settings())
+    pool = WorkerPool(settings.gateway_count() - 1, GATEWAY_ARGV, children)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    stop_at_s: list[float] = []
+    deadline = DrainDeadline(
+        drain_s + 2 * KILL_MARGIN_S,
+        "sluice gateway",
+        lambda: ", ".join(f"gateway pid {pid}" for pid in pool.running()),
+        pool.kill,
+    )
+
+    def on_stop() -> None:
+        stop_at_s.append(loop.time())
+        stop.set()
+
+    def announce() -> None:
+        log.info(
+            "sluice ready: http://%s:%d, %d gateways",
+            settings.host,
+            settings.http_port,
+            pool.count + 1,
+        )
+
+    on_stop_signals(deadline, loop, on_stop)
+    config = dataclasses.replace(settings.config(), share_ports=True)
+    pool.start()
+    try:
+        await serve_gateway(config, on_ready=announce, stop=stop, workers_up=pool.up)
+    finally:
+        kill_at_s = (stop_at_s[0] if stop_at_s else loop.time()) + drain_s + KILL_MARGIN_S
+        await pool.stop(kill_at_s)

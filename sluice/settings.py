@@ -13,12 +13,12 @@ name.
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
+from sluice.cores import cores_available
 from sluice.gateway.dispatcher import DEFAULT_STREAM_MAX_HELD_BYTES
 from sluice.gateway.grpc_options import CompressionLevel, GrpcOptions, GrpcServer
 from sluice.gateway.outage import OutagePolicy
@@ -376,9 +376,23 @@ class GatewayOptions(ProcessSettings, IdlePolling, ModelControl):
 
 @dataclass(frozen=True, kw_only=True)
 class GatewaySettings(GatewayOptions, RedisPassword):
-    """`sluice gateway`: one stateless gateway against a shared Redis."""
+    """`sluice gateway`: a stateless gateway against a shared Redis (or several processes of
+    it on the same ports)."""
 
     redis_url: str = redis_url("Redis the workers queue on.")
+    gateways: int = option(
+        1,
+        help="Gateway processes to run on the same HTTP, gRPC and metrics ports (SO_REUSEPORT); "
+        "0: one per core this process may use (its cgroup's CPU quota counted).",
+        check=at_least(0),
+    )
+
+    def gateway_count(self) -> int:
+        return self.gateways or cores_available()
+
+    def child_settings(self) -> GatewaySettings:
+        """What each gateway started beside this one runs with: the same, on shared ports."""
+        return dataclasses.replace(self, gateways=1, share_ports=True)
 
     def config(self) -> GatewayConfig:
         return self.gateway_config(self.redis_url)
@@ -509,13 +523,13 @@ class ServeSettings(GatewayOptions, BatchingOptions, RedisPassword):
 
     def gateway_count(self) -> int:
         """--gateways, or by default one gateway per four cores."""
-        return self.gateways or max(1, (os.cpu_count() or 1) // 4)
+        return self.gateways or max(1, cores_available() // 4)
 
     def gateway_settings(self, redis_url: str) -> GatewaySettings:
         """What each gateway serve starts beside its own runs with: the same options, on the
         same ports, shared."""
         options = _values(self, GatewayOptions) | {"share_ports": True}
-        return GatewaySettings(**options, redis_url=redis_url)
+        return GatewaySettings(**options, redis_url=redis_url, gateways=1)
 
     def jobs_worker_settings(self, redis_url: str) -> JobsWorkerSettings:
         return JobsWorkerSettings(**_values(self, ProcessSettings), redis_url=redis_url)

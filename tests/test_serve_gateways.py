@@ -9,6 +9,7 @@ Redis to the same workers. serve says it is ready once both gateways heartbeat, 
 from __future__ import annotations
 
 import json
+import os
 import urllib.request
 from pathlib import Path
 
@@ -16,8 +17,9 @@ import tritonclient.grpc as grpcclient
 from sluice.shared import keys
 from sluice.shared.redis_client import sync_client
 
+from sluice.cores import cores_available
 from sluice.embedded_redis import EmbeddedRedis
-from tests.conftest import start_service, stop_service
+from tests.conftest import Service, start_service, start_sluice, stop_service, wait_until
 from tests.streams import PLUS_ONE_MODEL, int_model_config, write_python_model
 
 CONNECTIONS = 40
@@ -54,3 +56,40 @@ def test_two_gateways_share_the_ports_and_both_serve(tmp_path: Path) -> None:
             assert client.is_server_ready()
         finally:
             assert stop_service(service) == 0
+
+
+def test_a_gateway_alone_runs_as_several_processes_on_its_ports(service: Service) -> None:
+    """`sluice gateway --gateways 2` (the gateway image runs one per core)."""
+    before = _gateway_ids(service.http_url)
+    group = start_sluice("gateway", ["--redis-url", service.redis_url, "--gateways", "2"])
+    try:
+        wait_until(lambda: len(_gateway_ids(group.http_url) - before) == 2, "both gateways")
+        ours = _gateway_ids(group.http_url) - before
+        body = {"inputs": [{"name": "X", "shape": [1, 4], "datatype": "FP32", "data": [1] * 4}]}
+        for _ in range(CONNECTIONS):
+            request = urllib.request.Request(
+                f"http://{group.http_url}/v2/models/affine/infer", json.dumps(body).encode()
+            )
+            with urllib.request.urlopen(request, timeout=30) as reply:
+                assert reply.status == 200
+        redis = sync_client(service.redis_url)
+        assert all(redis.exists(keys.reply_stream(g)) for g in ours)
+        redis.close()
+    finally:
+        assert stop_service(group) == 0
+    wait_until(lambda: not (_gateway_ids(service.http_url) & ours), "both gateways to leave")
+
+
+def _gateway_ids(http_url: str) -> set[str]:
+    with urllib.request.urlopen(f"http://{http_url}/v2/fleet", timeout=10) as reply:
+        members = json.loads(reply.read())["members"]
+    return {m["id"] for m in members if m["kind"] == "gateway"}
+
+
+def test_the_cores_a_cgroup_quota_allows(tmp_path: Path) -> None:
+    cpu_max = tmp_path / "cpu.max"
+    cpu_max.write_text("150000 100000\n")  # 1.5 CPUs: two processes may run at once
+    assert cores_available(str(cpu_max)) == min(2, len(os.sched_getaffinity(0)))
+    cpu_max.write_text("max 100000\n")
+    assert cores_available(str(cpu_max)) == len(os.sched_getaffinity(0))
+    assert cores_available(str(tmp_path / "absent")) == len(os.sched_getaffinity(0))
