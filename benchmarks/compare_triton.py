@@ -9,10 +9,11 @@ PyTriton (Triton's C++ dynamic batcher) when its anchor environment is installed
 signature, so that p50 at c=1 splits into sluice's own path and the model as it runs in
 place; then prints the ratios and appends them to the dated log at the end of
 benchmarks/RESULTS.md (a run becomes current when it replaces that file's current table).
-Load comes from Triton's perf_analyzer when available (sync HTTP, batch 1), else from
-`sluice bench`.
+Load comes from Triton's perf_analyzer when available (sync, batch 1; HTTP, or gRPC with
+`--protocol grpc`), else from `sluice bench` (HTTP).
 
     python benchmarks/compare_triton.py [--concurrency 1,8,32,64] [--skip-triton]
+        [--protocol http|grpc]
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ READY_POLL_S = 0.5
 RUN_TIMEOUT_S = 900
 #: how long a stopped serve may take to exit.
 STOP_TIMEOUT_S = 60
-PA_ARGS = ["-i", "http", "-p", "3000", "-s", "20", "-r", "15"]
+PA_ARGS = ["-p", "3000", "-s", "20", "-r", "15"]
 
 
 def model_bound(trials: int = 3, trial_s: float = 2.0) -> dict[int, float]:
@@ -111,19 +112,27 @@ def redis_commands(client: redis.Redis | None) -> int:
     return sum(v["calls"] for k, v in stats.items() if k not in ("cmdstat_info",))
 
 
-def run_load(url: str, concurrency: int, label: str, rclient: redis.Redis | None) -> dict:
+def run_load(
+    url: str, concurrency: int, label: str, rclient: redis.Redis | None, protocol: str = "http"
+) -> dict:
+    """perf_analyzer's (else `sluice bench`'s, HTTP only) figures at one level over `protocol`;
+    the server's gRPC port is its HTTP port + 1 (sluice's and PyTriton's here)."""
     before = server_stats(url)
     commands_before = redis_commands(rclient)
     pa = perf_analyzer()
     record: dict = {"label": label, "concurrency": concurrency}
     if pa is not None:
         csv_path = Path(tempfile.mkdtemp()) / "pa.csv"
+        host, port = url.rsplit(":", 1)
+        target = url if protocol == "http" else f"{host}:{int(port) + 1}"
         cmd = [
             pa[0],
             "-m",
             "mlp",
+            "-i",
+            protocol,
             "-u",
-            url,
+            target,
             "--concurrency-range",
             str(concurrency),
             *PA_ARGS,
@@ -242,10 +251,12 @@ def serving(repo: Path, port: int, options: Sequence[str] = ()) -> Iterator[tupl
             serve.wait(STOP_TIMEOUT_S)
 
 
-def sluice_sweep(repo: Path, label: str, levels: list[int], port: int) -> list[dict]:
+def sluice_sweep(
+    repo: Path, label: str, levels: list[int], port: int, protocol: str = "http"
+) -> list[dict]:
     with serving(repo, port) as (url, redis_url):
         client = redis.Redis.from_url(redis_url)
-        return [run_load(url, c, label, client) for c in levels]
+        return [run_load(url, c, label, client, protocol) for c in levels]
 
 
 def wait_ready(url: str, timeout_s: float = 120) -> None:
@@ -263,7 +274,9 @@ def wait_ready(url: str, timeout_s: float = 120) -> None:
     raise RuntimeError(f"{url} did not become ready")
 
 
-def triton_sweep(mbs: int, label: str, levels: list[int], port: int) -> list[dict]:
+def triton_sweep(
+    mbs: int, label: str, levels: list[int], port: int, protocol: str = "http"
+) -> list[dict]:
     if not (ANCHORS / "venv").exists() or not ANCHOR.exists():
         print("PyTriton anchor not installed (bash ../shared/anchor/setup.sh): skipped")
         return []
@@ -274,12 +287,12 @@ def triton_sweep(mbs: int, label: str, levels: list[int], port: int) -> list[dic
         env=env,
     )
     try:
-        return [run_load(f"127.0.0.1:{port}", c, label, None) for c in levels]
+        return [run_load(f"127.0.0.1:{port}", c, label, None, protocol) for c in levels]
     finally:
         subprocess.run(["bash", str(ANCHOR / "stop_pytriton.sh")], env=env, check=False)
 
 
-def report(alone: list[dict[int, float]], rows: list[dict]) -> str:
+def report(alone: list[dict[int, float]], rows: list[dict], protocol: str = "http") -> str:
     """The results table; ratios to the model alone use the median of its measurements."""
     bound = {b: statistics.median(m[b] for m in alone) for b in alone[0]}
     by = {(r["label"], r["concurrency"]): r for r in rows if "throughput" in r}
@@ -287,7 +300,7 @@ def report(alone: list[dict[int, float]], rows: list[dict]) -> str:
     lines = [
         f"### Reference MLP, {datetime.date.today()} ({platform.machine()}, "
         f"{os.cpu_count()} cores, torch {torch.__version__}, load: "
-        f"{rows[0].get('tool', '?') if rows else '?'})",
+        f"{rows[0].get('tool', '?') if rows else '?'}, {protocol})",
         "",
         f"Model alone, 1 thread, median of {len(alone)} measurements before, between and after "
         "the servers' runs (lowest-highest): "
@@ -349,6 +362,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--concurrency", default="1,8,32,64")
     parser.add_argument("--skip-triton", action="store_true")
+    parser.add_argument("--protocol", choices=("http", "grpc"), default="http")
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "RESULTS.md")
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -361,16 +375,18 @@ def main() -> None:
         print("model alone:", {b: round(v) for b, v in alone[-1].items()}, flush=True)
 
     measure_alone()
-    rows = sluice_sweep(EXAMPLES, "sluice", levels, 18700)
+    protocol = args.protocol
+    rows = sluice_sweep(EXAMPLES, "sluice", levels, 18700, protocol)
     measure_alone()
-    rows += sluice_sweep(mbs1_repository(), "sluice-mbs1", [c for c in levels if c >= 32], 18710)
+    batching = [c for c in levels if c >= 32]
+    rows += sluice_sweep(mbs1_repository(), "sluice-mbs1", batching, 18710, protocol)
     if 1 in levels:
-        rows += sluice_sweep(identity_repository(), "sluice-identity", [1], 18730)
+        rows += sluice_sweep(identity_repository(), "sluice-identity", [1], 18730, protocol)
     measure_alone()
     if not args.skip_triton:
-        rows += triton_sweep(64, "triton", levels, 18720)
+        rows += triton_sweep(64, "triton", levels, 18720, protocol)
         measure_alone()
-    text = report(alone, rows)
+    text = report(alone, rows, protocol)
     print(text)
     record_results(args.results, text, "compare_triton", {"model_alone": alone, "rows": rows})
 

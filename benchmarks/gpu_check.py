@@ -12,8 +12,10 @@ Redis or HTTP);
 `staged ahead` is that path on a lane's thread with each next batch's inputs copied ahead
 while the lane computes (`sluice.workers.devices.stage_ahead`, one instance's overlap);
 `c=N` is served throughput with N clients of one row each, its median latency, the mean batch
-the model ran and the GPU's mean utilisation over the level. Figures go to --out (default
-$OUT, if set) as gpu_check.json and gpu_check.md.
+the model ran and the GPU's mean utilisation over the level; `gRPC c=64` the same over gRPC
+(benchmarks/grpc_load.py). Then the reference MLP at c=256 over HTTP and gRPC with one gateway
+and with several on its ports (`--gateways`, one per four cores). Figures go to --out
+(default $OUT, if set) as gpu_check.json and gpu_check.md.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from gpu_answers import (  # noqa: E402
     one_row_requests,
     served_error,
 )
+from grpc_load import grpc_load  # noqa: E402
 from http_servers import running  # noqa: E402
 from sluice.shared import device_metrics as dm  # noqa: E402
 from sluice.shared.model_config import load_model_config  # noqa: E402
@@ -61,10 +64,17 @@ from sluice.workers.devices.device_sampler import GpuSampler, cuda_gpu_uuids, op
 from sluice.workers.devices.stage_ahead import StageAhead  # noqa: E402
 from sluice.workers.instances.model_instance import Batch  # noqa: E402
 
+from sluice.cores import cores_available  # noqa: E402
 from sluice.embedded_redis import EmbeddedRedis  # noqa: E402
 
 BATCH = 64
 LEVELS = (1, 64)
+#: the level at which one gateway and several (--gateways) are compared, and how many: one
+#: per four cores, as serve's default, at least two.
+GATEWAY_LEVEL = 256
+#: seconds of each gRPC load (grpc_load.py), and with --cpu-dry-run.
+GRPC_S = 8.0
+DRY_GRPC_S = 2.0
 #: sluice bench's windows: short, so four levels fit the check's 10 minutes with room to spare.
 BENCH_ENV = {"SLUICE_BENCH_WINDOW_MS": "2000", "SLUICE_BENCH_MAX_TRIALS": "6"}
 DRY_BENCH_ENV = {"SLUICE_BENCH_WINDOW_MS": "1000", "SLUICE_BENCH_MAX_TRIALS": "3"}
@@ -235,32 +245,65 @@ def free_port() -> int:
 
 
 def served(
-    repo: Path, widths: dict[str, int], device: torch.device, gpus: GpuSampler | None
+    repo: Path,
+    widths: dict[str, int],
+    device: torch.device,
+    gpus: GpuSampler | None,
+    gateways: int,
+    grpc_s: float,
 ) -> dict[str, dict[str, Any]]:
-    """Each model's figures at each level, served by sluice serve on an embedded Redis, and
-    whether one request's answer is the model's."""
+    """Each model's figures at each level (HTTP) and at c=64 over gRPC, served by sluice serve
+    on an embedded Redis, and whether one request's answer is the model's; then the reference
+    MLP at c=256 over both protocols with one gateway and with `gateways` on its ports."""
     models = list(widths)
-    ports = [free_port() for _ in range(3)]
     rows: dict[str, dict[str, Any]] = {}
-    with EmbeddedRedis() as redis_server:
-        command = [sys.executable, "-m", "sluice", "serve", "--model-repository", str(repo)]
-        command += ["--redis-url", redis_server.url, "--http-port", str(ports[0])]
-        command += ["--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])]
-        with running([*command, "--bulk-workers", "0", "--log-level", "warning"]):
-            url = f"127.0.0.1:{ports[0]}"
-            wait_ready(url, models)
-            for model in models:
-                error = unless_it_fails(
-                    served_error, url, model, repo / model, widths[model], device
-                )
-                rows[f"{model} answer"] = {"relative_error": error}
-                print(f"served {model} answer, relative to the model's: {error}", flush=True)
-                for level in LEVELS:
-                    with Utilisation(gpus) as utilisation:
-                        row = load_once(url, model, level)
-                    row["gpu_util"] = utilisation.mean
-                    print(f"served {model} c={level}: {row}", flush=True)
-                    rows[f"{model} c={level}"] = row
+    for count in sorted({1, gateways}):
+        ports = [free_port() for _ in range(3)]
+        with EmbeddedRedis() as redis_server:
+            command = [sys.executable, "-m", "sluice", "serve", "--model-repository", str(repo)]
+            command += ["--redis-url", redis_server.url, "--http-port", str(ports[0])]
+            command += ["--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])]
+            command += ["--bulk-workers", "0", "--log-level", "warning", "--gateways", str(count)]
+            with running(command):
+                url, target = f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[1]}"
+                wait_ready(url, models)
+                if count == 1:
+                    rows |= _per_model(url, target, repo, widths, device, gpus, grpc_s)
+                for protocol in ("http", "grpc"):
+                    if protocol == "http":
+                        row = load_once(url, "mlp", GATEWAY_LEVEL)
+                    else:
+                        row = grpc_load(target, "mlp", widths["mlp"], GATEWAY_LEVEL, grpc_s)
+                    print(
+                        f"{count} gateway(s), mlp {protocol} c={GATEWAY_LEVEL}: {row}", flush=True
+                    )
+                    rows[f"gateways={count} {protocol}"] = row
+    return rows
+
+
+def _per_model(
+    url: str,
+    target: str,
+    repo: Path,
+    widths: dict[str, int],
+    device: torch.device,
+    gpus: GpuSampler | None,
+    grpc_s: float,
+) -> dict[str, dict[str, Any]]:
+    rows: dict[str, dict[str, Any]] = {}
+    for model in widths:
+        error = unless_it_fails(served_error, url, model, repo / model, widths[model], device)
+        rows[f"{model} answer"] = {"relative_error": error}
+        print(f"served {model} answer, relative to the model's: {error}", flush=True)
+        for level in LEVELS:
+            with Utilisation(gpus) as utilisation:
+                row = load_once(url, model, level)
+            row["gpu_util"] = utilisation.mean
+            print(f"served {model} c={level}: {row}", flush=True)
+            rows[f"{model} c={level}"] = row
+        row = grpc_load(target, model, widths[model], LEVELS[-1], grpc_s)
+        print(f"served {model} gRPC c={LEVELS[-1]}: {row}", flush=True)
+        rows[f"{model} grpc"] = row
     return rows
 
 
@@ -291,8 +334,8 @@ def table(figures: dict[str, Any]) -> str:
     lines = [
         "| model | answers | alone b=64 rows/s | worker path b=64 rows/s "
         "| staged ahead b=64 rows/s | c=1 infer/s | c=1 p50 ms | c=1 GPU util | c=64 infer/s "
-        "| c=64 p50 ms | c=64 mean batch | c=64 GPU util |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| c=64 p50 ms | c=64 mean batch | c=64 GPU util | gRPC c=64 infer/s | gRPC c=64 p50 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for model, row in figures["models"].items():
         cells = [model, answers(figures, model)]
@@ -305,6 +348,20 @@ def table(figures: dict[str, Any]) -> str:
             cells += [cell(run["throughput"], ",.0f"), cell(run["p50_ms"], ".2f")]
             cells += [cell(run["batch"], ".1f")] if level > 1 else []
             cells.append(cell(run["gpu_util"], ".0%"))
+        grpc_run = figures["served"].get(f"{model} grpc", {})
+        cells += [cell(grpc_run.get("throughput"), ",.0f"), cell(grpc_run.get("p50_ms"), ".2f")]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", f"mlp at c={GATEWAY_LEVEL}, gateway processes on the ports (--gateways):", ""]
+    lines += ["| gateways | HTTP infer/s | HTTP p50 ms | gRPC infer/s | gRPC p50 ms |"]
+    lines += ["|---|---|---|---|---|"]
+    counts = sorted(
+        {int(k.split()[0].split("=")[1]) for k in figures["served"] if k.startswith("gateways=")}
+    )
+    for count in counts:
+        runs = [figures["served"].get(f"gateways={count} {p}", {}) for p in ("http", "grpc")]
+        cells = [str(count)]
+        for run in runs:
+            cells += [cell(run.get("throughput"), ",.0f"), cell(run.get("p50_ms"), ".2f")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -349,7 +406,9 @@ def main() -> None:
             torch.cuda.empty_cache()  # the served instances load in a process of their own
         gpus = open_nvml(cuda_gpu_uuids())
         try:
-            figures["served"] = served(repo, widths, device, gpus)
+            gateways = max(2, cores_available() // 4)
+            grpc_s = DRY_GRPC_S if args.cpu_dry_run else GRPC_S
+            figures["served"] = served(repo, widths, device, gpus, gateways, grpc_s)
         finally:
             if gpus is not None:
                 gpus.close()
