@@ -19,8 +19,9 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
-from sluice.gateway.grpc_h2.connection import Connection, Headers, Stream
+from sluice.gateway.grpc_h2.connection import Connection
 from sluice.gateway.grpc_h2.frames import CONTENT_TYPE_GRPC, STATUS_200, literal
+from sluice.gateway.grpc_h2.streams import Headers, Stream
 from sluice.gateway.restricted_apis import Restrictions, grpc_category, grpc_refusal
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import struct
 from collections.abc import Callable
-from typing import Protocol, cast
+from typing import cast
 
 import hpack
 from hpack.exceptions import HPACKError
@@ -59,6 +59,7 @@ from sluice.gateway.grpc_h2.frames import (
     settings_frame,
     window_update,
 )
+from sluice.gateway.grpc_h2.streams import Handler, Headers, Stream
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +77,6 @@ SEND_BUFFER = 1 << 20
 #: server's work, not a client cancelling (HTTP/2 "rapid reset").
 RESETS_PER_S = 1000
 
-Headers = list[tuple[bytes, bytes]]
-
 
 class ConnectionError_(Exception):
     """The connection must end: a GOAWAY with `code` is sent, and it closes."""
@@ -85,49 +84,6 @@ class ConnectionError_(Exception):
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
         self.code = code
-
-
-class Handler(Protocol):
-    """What runs a stream's call (gateway/grpc_h2/calls.py)."""
-
-    def data(self, chunk: bytes, end: bool) -> None:
-        """Bytes of the request body as they arrive (`end`: the client is done sending)."""
-
-    def reset(self) -> None:
-        """The stream is gone (the client reset it, or the connection closed)."""
-
-
-class Stream:
-    """One stream: its send window and what waits for it, and whether either side ended."""
-
-    __slots__ = (
-        "drained",
-        "handler",
-        "id",
-        "local_ended",
-        "pending",
-        "pending_bytes",
-        "receive_window",
-        "remote_ended",
-        "send_window",
-        "trailers",
-        "ungranted",
-    )
-
-    def __init__(self, stream_id: int, send_window: int) -> None:
-        self.id = stream_id
-        self.handler: Handler | None = None
-        self.send_window = send_window
-        self.pending: list[memoryview] = []
-        self.pending_bytes = 0
-        self.trailers: bytes | None = None
-        self.remote_ended = False
-        self.local_ended = False
-        #: bytes received and taken by the call, not yet granted back to the client.
-        self.ungranted = 0
-        #: what the client may still send before a grant: past it, it broke flow control.
-        self.receive_window = STREAM_WINDOW
-        self.drained: asyncio.Event | None = None
 
 
 class Connection(asyncio.Protocol):
@@ -346,7 +302,7 @@ class Connection(asyncio.Protocol):
         if self.closing or len(self.streams) >= MAX_STREAMS:
             self._write(rst_stream(stream_id, REFUSED_STREAM))
             return
-        stream = Stream(stream_id, self._peer_window)
+        stream = Stream(stream_id, self._peer_window, STREAM_WINDOW)
         stream.remote_ended = bool(flags & END_STREAM)
         self.streams[stream_id] = stream
         self.idle.clear()
