@@ -20,8 +20,10 @@ import orjson
 from sluice.gateway.bearer import REFUSAL as BEARER_REFUSAL
 from sluice.gateway.bearer import bearer_matches
 from sluice.gateway.bulk_api import BulkUpload
-from sluice.gateway.core import GatewayCore, GatewayLimits, InferOutcome, RestInfer
+from sluice.gateway.core import GatewayCore, GatewayLimits
 from sluice.gateway.generate import GenerateInfer, generate, generate_stream
+from sluice.gateway.infer_inputs import RestInfer
+from sluice.gateway.infer_results import InferOutcome
 from sluice.gateway.job_operations import JobEvent, JobOperations, JobResponses, JobState
 from sluice.gateway.outage import RETRY_AFTER_S
 from sluice.gateway.restricted_apis import http_category, http_refusal

@@ -9,14 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from sluice.gateway import metadata
 from sluice.gateway.bulk_api import BulkApi, BulkUpload
 from sluice.gateway.dispatcher import Dispatcher
 from sluice.gateway.ensembles import Ensembles
+from sluice.gateway.infer_inputs import InferInput
+from sluice.gateway.infer_results import (
+    InferOutcome,
+    StreamedResponse,
+    outcome,
+    streamed,
+)
 from sluice.gateway.model_table import ModelTable, ModelView, no_versions
 from sluice.gateway.outage import RETRY_AFTER_S
 from sluice.gateway.outbox import Route
@@ -30,13 +37,11 @@ from sluice.shared.errors import (
     InvalidInput,
     ModelNotFound,
     ModelNotReady,
-    SluiceError,
     Unavailable,
     Unsupported,
-    error_from_code,
 )
 from sluice.shared.fleet import fleet_status
-from sluice.shared.infer_codec import ParsedInfer, SharedMemoryRead, decompress, parse_infer
+from sluice.shared.infer_codec import ParsedInfer
 from sluice.shared.model_loads import (
     check_load,
     failed_to_poll,
@@ -45,12 +50,12 @@ from sluice.shared.model_loads import (
     unload_fleet_wide,
 )
 from sluice.shared.partitions import share
-from sluice.shared.protocol import Request, ResponseParameter, Result, Tensor
+from sluice.shared.protocol import Request, Result
 from sluice.shared.queue_policy import DEADLINE, PRIORITY, TIMEOUT, deadline_us
 from sluice.shared.redis_client import REDIS_ERRORS
 from sluice.shared.repository_control import NOT_EXPLICIT, ControlMode
 from sluice.shared.sequence_controls import SEQUENCE_PARAMETERS, check_sequence_request
-from sluice.shared.signature import Signature, validate_inputs
+from sluice.shared.signature import validate_inputs
 
 #: request parameters the workers act on.
 FORWARDED_PARAMETERS = (PRIORITY, TIMEOUT, DEADLINE, *SEQUENCE_PARAMETERS)
@@ -85,49 +90,6 @@ class GatewayLimits:
     max_override_models: int
 
 
-class InferInput(Protocol):
-    """An infer request as its transport received it, decoded once its model is known."""
-
-    def inflate(self, max_body_bytes: int) -> bytes:
-        """The request's bytes, uncompressed (at most `max_body_bytes`)."""
-        ...
-
-    def decode(self, body: bytes, sig: Signature) -> ParsedInfer:
-        """The request checked against the model's signature (InvalidInput if it does not fit)."""
-        ...
-
-
-@dataclass(slots=True)  # not frozen: one is built per request, and a frozen init costs more
-class RestInfer:
-    """A KServe v2 REST infer body: JSON, or a JSON header then binary tensors."""
-
-    body: bytes
-    #: how the body is compressed (gzip, deflate), if at all.
-    encoding: str | None = None
-    #: the JSON header's length when binary tensors follow, as sent (unchecked).
-    header_length: bytes | None = None
-    #: reads inputs from the client's shared memory (None: not on this endpoint).
-    shared_memory: SharedMemoryRead | None = None
-
-    def inflate(self, max_body_bytes: int) -> bytes:
-        return decompress(self.body, self.encoding, max_body_bytes)
-
-    def decode(self, body: bytes, sig: Signature) -> ParsedInfer:
-        return parse_infer(body, _header_length(self.header_length), sig, self.shared_memory)
-
-
-@dataclass(slots=True)
-class InferOutcome:
-    """A served request: the model and version that ran it, what it asked for, its outputs."""
-
-    model: str
-    version: int
-    request: ParsedInfer
-    outputs: Sequence[Tensor]
-    #: the response's parameters for the client, as its model set them (None: it set none).
-    parameters: dict[str, ResponseParameter] | None = None
-
-
 @dataclass(slots=True)
 class Prepared:
     """An infer request decoded and checked, ready to queue."""
@@ -136,13 +98,6 @@ class Prepared:
     version: int
     route: Route
     parameters: dict[str, Any]
-
-
-def outcome(model: str, version: int, request: ParsedInfer, result: Result) -> InferOutcome:
-    """A worker's result as an outcome; the typed error it carries when it failed."""
-    if result.error is not None:
-        raise error_from_code(*result.error)
-    return InferOutcome(model, version, request, result.outputs, result.parameters)
 
 
 class GatewayCore:
@@ -478,25 +433,6 @@ def _new_request(dispatcher: Dispatcher, prepared: Prepared) -> Request:
     )
 
 
-@dataclass(slots=True)
-class StreamedResponse:
-    """One response of a streamed request: its outputs, or its error, and whether it is the
-    request's last. `empty`: a decoupled model's flag-only final response."""
-
-    outcome: InferOutcome
-    error: SluiceError | None
-    final: bool
-    empty: bool = False
-
-
-def streamed(model: str, version: int, request: ParsedInfer, result: Result) -> StreamedResponse:
-    """A worker's result (a streamed response, or an ordinary one) as a StreamedResponse."""
-    error = None if result.error is None else error_from_code(*result.error)
-    empty = result.seq is not None and not result.outputs and error is None
-    done = InferOutcome(model, version, request, result.outputs, result.parameters)
-    return StreamedResponse(done, error, result.final, empty)
-
-
 def _forwarded(view: ModelView, parameters: dict[str, Any]) -> dict[str, Any]:
     """What a worker gets of the request's parameters: those it acts on, and for a Python
     model or an ensemble (whose steps inherit them, as in Triton) all of them (a Triton Python
@@ -507,15 +443,3 @@ def _forwarded(view: ModelView, parameters: dict[str, Any]) -> dict[str, Any]:
     if python or view.is_ensemble:
         return {k: v for k, v in parameters.items() if k not in GATEWAY_PARAMETERS}
     return {k: v for k, v in parameters.items() if k in FORWARDED_PARAMETERS}
-
-
-def _header_length(raw: bytes | None) -> int | None:
-    if raw is None:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InvalidInput("Inference-Header-Content-Length must be an integer") from None
-    if value < 0:
-        raise InvalidInput("Inference-Header-Content-Length must not be negative")
-    return value

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from sluice.gateway.core import GatewayCore, StreamedResponse
+from sluice.gateway.core import GatewayCore
+from sluice.gateway.infer_results import StreamedResponse
 from sluice.shared.datatypes import element_count
 from sluice.shared.errors import InvalidInput, SluiceError
 from sluice.shared.http_messages import JSON, HttpResponse, json_response

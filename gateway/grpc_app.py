@@ -17,8 +17,9 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 from google.protobuf.json_format import ParseDict, ParseError
 from sluice.gateway.bearer import bearer_matches
-from sluice.gateway.core import EMPTY_FINAL_RESPONSE, GatewayCore, InferOutcome, StreamedResponse
+from sluice.gateway.core import EMPTY_FINAL_RESPONSE, GatewayCore
 from sluice.gateway.grpc_codec import GrpcInfer, infer_response, parameter_values
+from sluice.gateway.infer_results import InferOutcome, StreamedResponse
 from sluice.gateway.stream_window import REQUEST_DONE, StreamWindow
 from sluice.shared.errors import (
     InvalidInput,

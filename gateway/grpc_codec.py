@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sluice.gateway.core import InferOutcome
+from sluice.gateway.infer_results import InferOutcome
 from sluice.shared.datatypes import (
     ELEMENT_SIZE,
     NUMPY_DTYPE,

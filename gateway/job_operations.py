@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from sluice.gateway.core import GatewayCore, InferInput, InferOutcome, outcome
+from sluice.gateway.core import GatewayCore
+from sluice.gateway.infer_inputs import InferInput
+from sluice.gateway.infer_results import InferOutcome, outcome
 from sluice.gateway.jobs import MAX_WAIT_S, Job, JobStore, new_job_id
 from sluice.shared import keys
 from sluice.shared.errors import Conflict, JobNotFound

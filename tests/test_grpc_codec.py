@@ -10,9 +10,9 @@ import grpc
 import numpy as np
 import pytest
 import redis
-from sluice.gateway.core import InferOutcome
 from sluice.gateway.grpc_app import grpc_status
 from sluice.gateway.grpc_codec import CONTENTS_FIELD, GrpcInfer, infer_response
+from sluice.gateway.infer_results import InferOutcome
 from sluice.shared import errors
 from sluice.shared.datatypes import NUMPY_DTYPE, serialize_bytes_elements
 from sluice.shared.infer_codec import ParsedInfer
