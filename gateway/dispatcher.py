@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncGenerator, Callable, Iterable
@@ -26,10 +27,10 @@ from sluice.gateway.preserve_ordering import ReleaseOrder
 from sluice.gateway.replies import ReplyReader
 from sluice.gateway.response_order import ResponseOrder
 from sluice.shared import keys
-from sluice.shared.errors import Cancelled, Unavailable
+from sluice.shared.errors import Cancelled, InvalidInput, SluiceError, Unavailable
 from sluice.shared.idle_poll import DEFAULT_WINDOW_US, IdlePoll
 from sluice.shared.partitions import Dealer
-from sluice.shared.protocol import Request, Result
+from sluice.shared.protocol import ENCODING_ERRORS, Request, Result, encoding_problem
 from sluice.shared.redis_client import (
     CONNECTION_ERRORS,
     REDIS_ERRORS,
@@ -39,6 +40,8 @@ from sluice.shared.redis_client import (
 from sluice.shared.redis_wire import Wire
 from sluice.shared.sequence_controls import SEQUENCE_ID
 from sluice.shared.sequence_routing import route_error
+
+log = logging.getLogger(__name__)
 
 
 def _wake_stream(order: ResponseOrder, future: asyncio.Future[Result]) -> None:
@@ -250,7 +253,13 @@ class Dispatcher:
             error = None
             if self.outage.since_s is None:
                 self.idle_poll.arm()
-                error = await self.send_outbox(outbox)
+                try:
+                    error = await self.send_outbox(outbox)
+                except Exception as exc:  # a bug: these requests fail, the flushing goes on
+                    log.error("requests not queued", exc_info=exc)
+                    sent = (r for requests in outbox.values() for r in requests)
+                    self._fail_with(sent, SluiceError(f"request not queued: {exc!r}"))
+                    error = None
                 if error is None:
                     await asyncio.sleep(0)  # this turn's requests join the next send
                     if self._outbox:
@@ -269,7 +278,10 @@ class Dispatcher:
         """Send `outbox` in one round trip; the connection error if Redis did not answer.
         A command Redis refused fails its own requests (OutOfMemory when for memory); the
         others were queued."""
-        sends = outbox_commands(outbox, self.dealer)
+        try:
+            sends = outbox_commands(outbox, self.dealer)
+        except ENCODING_ERRORS:  # a request the wire cannot carry: it fails, the others go
+            sends = outbox_commands(self._encodable(outbox), self.dealer)
         try:
             replies = await self._sends.execute(
                 *(send.command for send in sends), raise_on_error=False
@@ -290,6 +302,18 @@ class Dispatcher:
                         message = f"[request id: {request.id}] Exceeds maximum queue size"
                         self.fail([request], message)
         return None
+
+    def _encodable(self, outbox: dict[Route, list[Request]]) -> dict[Route, list[Request]]:
+        """`outbox` less the requests that cannot be encoded, which fail with the reason."""
+        kept: dict[Route, list[Request]] = defaultdict(list)
+        for route, requests in outbox.items():
+            for request in requests:
+                problem = encoding_problem(request)
+                if problem is None:
+                    kept[route].append(request)
+                else:
+                    self._fail_with([request], InvalidInput(problem))
+        return kept
 
     def _routed(self, request: Request, reply: Any) -> None:
         """A sequence's request was queued for its owner, or refused for the reason its routing

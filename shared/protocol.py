@@ -116,6 +116,25 @@ def _tensor_headers(tensors: Iterable[Tensor], blobs: list[Buffer]) -> list[list
     return heads
 
 
+#: what msgpack raises for a value it cannot carry (an integer past 64 bits, an odd type).
+ENCODING_ERRORS = (TypeError, ValueError, OverflowError)
+
+
+def encoding_problem(request: Request) -> str | None:
+    """Why `request` cannot be put on a stream, naming the parameter at fault (None: it can).
+    Parameters come from the wire: JSON's integers have no bound, msgpack's have 64 bits."""
+    try:
+        encode_requests([request])
+    except ENCODING_ERRORS as exc:
+        for name, value in request.parameters.items():
+            try:
+                msgpack.packb(value)
+            except ENCODING_ERRORS as error:
+                return f"parameter '{name}' cannot be queued: {error}"
+        return f"the request cannot be queued: {exc}"
+    return None
+
+
 def encode_requests(requests: Sequence[Request]) -> dict[str, bytes]:
     """Fields of one stream entry carrying `requests`."""
     blobs: list[Buffer] = []

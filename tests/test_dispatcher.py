@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 from sluice.gateway.dispatcher import Dispatcher
 from sluice.gateway.outbox import Route
 from sluice.shared import keys
-from sluice.shared.errors import Cancelled, Unavailable
+from sluice.shared.errors import Cancelled, InvalidInput, SluiceError, Unavailable
 from sluice.shared.protocol import Request, Result, Tensor, decode_requests, encode_results
 from sluice.shared.redis_client import async_client
 
@@ -179,3 +179,45 @@ async def test_abandoning_a_model_fails_only_its_waiting_requests(dispatcher: Di
     await _answer(dispatcher.redis, dispatcher, kept.id)
     assert (await served).id == kept.id
     assert dispatcher.inflight_snapshot() == {}
+
+
+async def test_a_request_that_cannot_be_encoded_fails_alone(dispatcher: Dispatcher) -> None:
+    """A parameter msgpack cannot carry (an integer past 64 bits) fails its own request; the
+    requests queued in the same turn, and every later one, still go out."""
+    bad, good = _request(dispatcher), _request(dispatcher)
+    bad.parameters["huge"] = 2**70
+    failing = asyncio.create_task(dispatcher.submit(Route("m"), bad, 30))
+    served = asyncio.create_task(dispatcher.submit(Route("m"), good, 30))
+    with pytest.raises(InvalidInput, match="huge"):
+        await failing
+    entries = await _entries(dispatcher.redis, "m", 1)
+    assert [r.id for e in entries for r in e] == [good.id]
+    later = _request(dispatcher)
+    waiting = asyncio.create_task(dispatcher.submit(Route("m"), later, 30))
+    await _entries(dispatcher.redis, "m", 2)
+    await _answer(dispatcher.redis, dispatcher, good.id, later.id)
+    assert [r.id for r in await asyncio.gather(served, waiting)] == [good.id, later.id]
+
+
+async def test_a_send_that_fails_unexpectedly_fails_its_requests_not_the_gateway(
+    dispatcher: Dispatcher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever breaks one send, its requests end with an error and later ones go out."""
+    execute = dispatcher._sends.execute
+    calls = 0
+
+    async def broken_once(*commands: Any, **options: Any) -> list[Any]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("a bug")
+        return await execute(*commands, **options)
+
+    monkeypatch.setattr(dispatcher._sends, "execute", broken_once)
+    with pytest.raises(SluiceError, match="request not queued: RuntimeError"):
+        await dispatcher.submit(Route("m"), _request(dispatcher), 30)
+    later = _request(dispatcher)
+    waiting = asyncio.create_task(dispatcher.submit(Route("m"), later, 30))
+    await _entries(dispatcher.redis, "m", 1)
+    await _answer(dispatcher.redis, dispatcher, later.id)
+    assert (await waiting).id == later.id
