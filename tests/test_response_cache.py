@@ -9,6 +9,7 @@ success, inference_count) and nv_cache_* metrics count it as Triton counts it.
 from __future__ import annotations
 
 import json
+import queue
 import subprocess
 import sys
 import textwrap
@@ -292,3 +293,25 @@ def test_a_bad_cache_config_stops_the_gateway_with_its_reason(scratch_redis: Any
     )
     assert process.returncode != 0
     assert "the local cache needs size=<bytes>" in process.stderr
+
+
+def test_a_grpc_stream_is_answered_from_the_cache_too(fleet: list[Service]) -> None:
+    first, second, _ = fleet
+    expected = _http(first, "cached", [4, 3, 2, 1])  # computed, and cached fleet-wide
+    hits = _stats(second, "cached")["cache_hit"]
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client = grpcclient.InferenceServerClient(second.grpc_url)
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        for request_id in ("a", "b"):
+            tensor = grpcclient.InferInput("IN", [1, 4], "INT32")
+            tensor.set_data_from_numpy(np.array([[4, 3, 2, 1]], dtype=np.int32))
+            client.async_stream_infer("cached", [tensor], request_id=request_id)
+        got = [answers.get(timeout=30) for _ in range(2)]
+    finally:
+        client.stop_stream()
+    assert [error for _, error in got] == [None, None]
+    assert sorted(result.get_response().id for result, _ in got) == ["a", "b"]
+    for result, _ in got:
+        assert {n: result.as_numpy(n).tolist() for n in expected} == expected
+    assert _stats(second, "cached")["cache_hit"] == hits + 2
