@@ -59,6 +59,40 @@ model_warmup [
 """
 
 
+DECOUPLED_MODEL = textwrap.dedent('''
+    import os
+
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        """Decoupled: one response and a final flag per request, noting each call's requests
+        in calls.txt; every response an error when its model is named 'decoupled_failing'."""
+
+        def initialize(self, args):
+            self.failing = args["model_name"] == "decoupled_failing"
+            self.log = os.path.join(args["model_repository"], "calls.txt")
+
+        def execute(self, requests):
+            final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+            for request in requests:
+                sender = request.get_response_sender()
+                if self.failing:
+                    error = pb_utils.TritonError("still cold")
+                    sender.send(pb_utils.InferenceResponse(error=error), flags=final)
+                    continue
+                out = pb_utils.Tensor("OUT", np.zeros([1, 4], np.float32))
+                sender.send(pb_utils.InferenceResponse([out]))
+                sender.send(flags=final)
+            with open(self.log, "a") as log:
+                log.write(f"{len(requests)}\\n")
+            return None
+''')
+
+DECOUPLED = "model_transaction_policy { decoupled: true }\n"
+
+
 def _model(repo: Path, name: str, data: str) -> Path:
     (repo / name / "1").mkdir(parents=True)
     (repo / name / "config.pbtxt").write_text(CONFIG.format(name=name, data=data))
@@ -70,6 +104,22 @@ def _index(http_url: str) -> dict[str, Any]:
     request = urllib.request.Request(f"http://{http_url}/v2/repository/index", b"{}")
     with urllib.request.urlopen(request, timeout=10) as reply:
         return {m["name"]: m for m in json.loads(reply.read())}
+
+
+def test_a_decoupled_model_is_warmed_up_until_every_request_has_its_final_response(
+    tmp_path: Path,
+) -> None:
+    for name in ("decoupled_warm", "decoupled_failing"):
+        folder = _model(tmp_path, name, "zero_data: true")
+        (folder / "config.pbtxt").write_text((folder / "config.pbtxt").read_text() + DECOUPLED)
+        (folder / "1" / "model.py").write_text(DECOUPLED_MODEL)
+    with serving_alone(tmp_path) as service:
+        index = _index(service.http_url)
+    assert index["decoupled_warm"]["state"] == "READY"
+    # count 2 on each of two instances: four calls of three requests
+    assert (tmp_path / "decoupled_warm" / "calls.txt").read_text() == "3\n" * 4
+    assert index["decoupled_failing"]["state"] == "UNAVAILABLE"
+    assert index["decoupled_failing"]["reason"] == "failed to run warmup sample 'w': still cold"
 
 
 def test_warmup_runs_on_every_instance_before_the_model_is_ready_and_a_failure_keeps_it_out(

@@ -7,14 +7,18 @@ Each sample names its inputs (`data_type`, `dims` without the batch dim, and `ze
 BYTES as 4-byte lengths and bytes) and runs `max(count, 1)` times, in order, as `batch_size`
 requests of one row in one call (`batch_size` 0: not run). The first sample that fails stops
 the load with Triton's reason, `failed to run warmup sample '<name>': <its errors>`, and the
-model is not served. Answers are dropped; a decoupled model's instances are not warmed up.
+model is not served. Answers are dropped; a decoupled model's are taken by a sink of their own
+and the run ends once every request has had its final response (or DECOUPLED_WAIT_S passed,
+a failure). Iterative (generative) models are not warmed up.
 Each run counts in the model's statistics as Triton counts it: `batch_size` inferences, one
 execution of that batch size.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +26,60 @@ import numpy as np
 from sluice.shared.datatypes import NUMPY_DTYPE, config_to_wire, serialize_bytes_elements
 from sluice.shared.errors import ModelConfigError, SluiceError
 from sluice.shared.model_config import ModelSpec
-from sluice.shared.protocol import Request, Tensor
+from sluice.shared.protocol import Request, ResponseParameter, Tensor
 from sluice.shared.stats import BatchStats
 from sluice.workers.instances.model_instance import Answered, Batch, ModelInstance
 
 #: the folder of a model's warm-up data files.
 WARMUP_DIR = "warmup"
+#: how long a decoupled model's warm-up run may take to send every final response.
+DECOUPLED_WAIT_S = 60.0
+
+
+class DropResponses:
+    """A decoupled warm-up run's responses: dropped, but for their errors and the final ones,
+    which end the run."""
+
+    def __init__(self, requests: int) -> None:
+        self._open = requests
+        self._errors: list[str] = []
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        if not requests:
+            self._done.set()
+
+    def send_tensors(
+        self,
+        request: Request,
+        tensors: Sequence[Tensor],
+        error: SluiceError | None = None,
+        final: bool = False,
+        parameters: dict[str, ResponseParameter] | None = None,
+    ) -> None:
+        if error is not None:
+            self._errors.append(error.message)
+        if final:
+            self._close()
+
+    def end(self, request: Request, error: SluiceError) -> bool:
+        self._errors.append(error.message)
+        self._close()
+        return True
+
+    def is_cancelled(self, request_id: str) -> bool:
+        return False
+
+    def _close(self) -> None:
+        with self._lock:
+            self._open -= 1
+            if self._open <= 0:
+                self._done.set()
+
+    def wait(self, timeout_s: float) -> list[str]:
+        """The run's errors once every request has ended (one more if they did not in time)."""
+        if not self._done.wait(timeout_s):
+            return [*self._errors, f"no final response within {timeout_s:g} s"]
+        return self._errors
 
 
 def warm_up(
@@ -37,7 +89,7 @@ def warm_up(
     statistics of its runs (shared/stats.py increments)."""
     samples = spec.config_json.get("model_warmup") or []
     increments: list[str | int] = []
-    if not samples or spec.config.decoupled or spec.config.iterative_sequence:
+    if not samples or spec.config.iterative_sequence:
         return increments
     for sample in samples:
         name = str(sample.get("name", ""))
@@ -49,12 +101,17 @@ def warm_up(
             for input_name, setting in (sample.get("inputs") or {}).items()
         ]
         for _ in range(max(1, int(sample.get("count") or 0))):
-            increments += _run(instance, version, name, inputs, rows)
+            increments += _run(instance, version, name, inputs, rows, spec.config.decoupled)
     return increments
 
 
 def _run(
-    instance: ModelInstance, version: int, name: str, inputs: list[Tensor], rows: int
+    instance: ModelInstance,
+    version: int,
+    name: str,
+    inputs: list[Tensor],
+    rows: int,
+    decoupled: bool,
 ) -> list[str | int]:
     """One run of a sample, and its statistics; ModelConfigError with its requests' errors."""
     started_ns = time.time_ns()
@@ -62,8 +119,9 @@ def _run(
         Request(f"warmup:{name}:{row}", version, started_ns, "", list(inputs))
         for row in range(rows)
     ]
+    sink = DropResponses(len(requests)) if decoupled else None
     try:
-        answers, timing = instance.run(Batch(requests, [1] * rows))
+        answers, timing = instance.run(Batch(requests, [1] * rows, responses=sink))
     except Exception as exc:  # the model's own failure
         errors = [f"{type(exc).__name__}: {exc}"]
     else:
@@ -72,8 +130,11 @@ def _run(
             error = answer.error if isinstance(answer, Answered) else answer
             if isinstance(error, SluiceError):
                 errors.append(error.message)
+        if sink is not None and not errors:
+            errors = sink.wait(DECOUPLED_WAIT_S)
     if errors:
-        raise ModelConfigError(f"failed to run warmup sample '{name}': {'; '.join(errors)}")
+        reasons = "; ".join(dict.fromkeys(errors))  # each reason once, in order
+        raise ModelConfigError(f"failed to run warmup sample '{name}': {reasons}")
     finished_ns = time.time_ns()
     stats = BatchStats(version, rows, finished_ns // 1_000_000, queue_samples_ns=[0] * rows)
     stats.input_ns, stats.infer_ns, stats.output_ns = (
