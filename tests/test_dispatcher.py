@@ -16,6 +16,9 @@ from sluice.shared.errors import Cancelled, InvalidInput, SluiceError, Unavailab
 from sluice.shared.protocol import Request, Result, Tensor, decode_requests, encode_results
 from sluice.shared.redis_client import async_client
 
+#: how long a dispatcher's teardown may take.
+TEARDOWN_S = 30
+
 
 @contextlib.asynccontextmanager
 async def reading_dispatcher(
@@ -30,10 +33,12 @@ async def reading_dispatcher(
         yield d
     finally:
         task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await d.close()
-        await redis.aclose()
-        await reader.aclose()
+        # bounded: a connection torn down mid-read must not hold the test run
+        async with asyncio.timeout(TEARDOWN_S):
+            await asyncio.gather(task, return_exceptions=True)
+            await d.close()
+            await redis.aclose()
+            await reader.aclose()
 
 
 @pytest.fixture

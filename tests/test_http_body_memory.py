@@ -55,7 +55,7 @@ def assert_rss_comes_back(pid: int, before: float) -> None:
         lambda: rss_mb(pid) - before <= SLACK_MB,
         f"the gateway's RSS to come back within {SLACK_MB} MB of {before:.0f} MB "
         f"after {BODIES} x {BODY_BYTES >> 20} MB bodies",
-        timeout_s=10,
+        timeout_s=30,  # a loaded machine returns freed memory late
     )
 
 
