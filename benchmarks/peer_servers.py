@@ -38,6 +38,12 @@ INSTALLS: dict[str, tuple[str, ...]] = {
     "bentoml": ("bentoml==1.4.40", "bentoml"),
     "litserve": ("litserve==0.2.19", "litserve", "numpy==2.4.6"),  # it needs no numpy itself
 }
+#: installed after, without their dependencies: Ray Serve's gRPC servicer is KServe's, from
+#: tritonclient (serve_ray.py), whose stated protobuf bound (< 7) ray's protobuf 7 breaks but
+#: whose generated code loads under it.
+WITHOUT_DEPENDENCIES: dict[str, tuple[str, ...]] = {
+    "ray": ("tritonclient==2.73.0", "python-rapidjson==1.23"),
+}
 #: sluice as served by default (Triton's fixed batching delay) and with the opt-in adaptive
 #: delay, which skips the wait while requests arrive further apart than it: each a server
 #: of the comparison, so that both are measured side by side.
@@ -84,6 +90,9 @@ def setup(peers: list[str]) -> dict[str, str]:
                 TORCH,
             ],
         ]
+        if peer in WITHOUT_DEPENDENCIES:
+            pip = [str(venv_python(peer)), "-m", "pip", "install", "--no-deps"]
+            steps.append([*pip, *WITHOUT_DEPENDENCIES[peer]])
         with log.open("w") as out:
             codes = [
                 subprocess.run(s, stdout=out, stderr=subprocess.STDOUT).returncode for s in steps

@@ -15,7 +15,12 @@ import numpy as np
 from common import Forward
 from pytriton.decorators import batch
 from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
-from pytriton.triton import Triton, TritonConfig
+from pytriton.triton import (
+    DEFAULT_PROTECTED_ENDPOINTS,
+    Triton,
+    TritonConfig,
+    TritonSecurityConfig,
+)
 
 MAX_BATCH = 64
 DELAY_US = 1000
@@ -47,7 +52,11 @@ def main() -> None:
     batching = ModelConfig(
         max_batch_size=MAX_BATCH, batcher=DynamicBatcher(max_queue_delay_microseconds=DELAY_US)
     )
-    with Triton(config=config) as triton:
+    # statistics open, as in Triton itself, since perf_analyzer reads them (loopback only)
+    security = TritonSecurityConfig(
+        restricted_endpoints=[e for e in DEFAULT_PROTECTED_ENDPOINTS if e != "statistics"]
+    )
+    with Triton(config=config, security_config=security) as triton:
         triton.bind(
             model_name="mlp",
             infer_func=infer,
