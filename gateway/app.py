@@ -172,6 +172,10 @@ async def _sse(events: AsyncIterator[JobEvent]) -> AsyncIterator[bytes]:
             yield b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
+#: Triton's status for each kind of refused logging update.
+LOG_REFUSAL_STATUS = {"file": 501, "format": 503, "type": 500}
+
+
 class GatewayApp:
     """The HTTP handler (`HttpServer(app)`): `app(HttpRequest) -> HttpResponse`."""
 
@@ -201,6 +205,8 @@ class GatewayApp:
             Route("v2/bulk/{bulk}", self._cancel_bulk, DELETE),
             Route("v2/bulk/{bulk}/output", self._bulk_output, GET),
             Route("v2/models/stats", self._all_statistics, GET),
+            Route("v2/logging", self._logging, GET),
+            Route("v2/logging", self._change_logging, POST),
             *(
                 Route(f"v2/{kind}{region}/{action}", handler, method)
                 for kind, handler in (
@@ -281,6 +287,23 @@ class GatewayApp:
 
     async def _ready(self, request: HttpRequest, params: Params) -> HttpResponse:
         return HttpResponse(200 if self.core.ready() else 400)
+
+    async def _logging(self, request: HttpRequest, params: Params) -> HttpResponse:
+        return json_response((await self.core.logging.current()).to_json())
+
+    async def _change_logging(self, request: HttpRequest, params: Params) -> HttpResponse:
+        """Triton's answers: a body that is no JSON is a 500, one that is no object changes
+        nothing; a refused key answers its status after the keys before it took effect."""
+        try:
+            changes = orjson.loads(request.body)
+        except orjson.JSONDecodeError as exc:
+            return json_response({"error": f"failed to parse the request JSON buffer: {exc}"}, 500)
+        settings, refused = await self.core.logging.update(
+            changes if isinstance(changes, dict) else {}
+        )
+        if refused is not None:
+            return json_response({"error": str(refused)}, LOG_REFUSAL_STATUS[refused.kind])
+        return json_response(settings.to_json())
 
     async def _fleet(self, request: HttpRequest, params: Params) -> HttpResponse:
         return json_response(await self.core.fleet())

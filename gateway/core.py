@@ -17,6 +17,7 @@ from sluice.gateway import metadata
 from sluice.gateway.bulk_api import BulkApi, BulkUpload
 from sluice.gateway.dispatcher import Dispatcher
 from sluice.gateway.ensembles import Ensembles
+from sluice.gateway.fleet_logging import FleetLogging
 from sluice.gateway.infer_inputs import InferInput
 from sluice.gateway.infer_results import (
     InferOutcome,
@@ -42,6 +43,7 @@ from sluice.shared.errors import (
 )
 from sluice.shared.fleet import fleet_status
 from sluice.shared.infer_codec import ParsedInfer
+from sluice.shared.log_control import process_control
 from sluice.shared.model_loads import (
     check_load,
     failed_to_poll,
@@ -121,6 +123,8 @@ class GatewayCore:
         self.ensembles = Ensembles(dispatcher, table)
         #: the regions of this gateway's clients' shared memory (Triton's extension).
         self.shared_memory = SystemSharedMemory()
+        #: Triton's logging extension, fleet-wide.
+        self.logging = FleetLogging(dispatcher.redis, process_control())
 
     # -- server and models -------------------------------------------------------------------
 

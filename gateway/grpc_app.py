@@ -18,7 +18,13 @@ import grpc
 from google.protobuf.json_format import ParseDict, ParseError
 from sluice.gateway.bearer import bearer_matches
 from sluice.gateway.core import EMPTY_FINAL_RESPONSE, GatewayCore
-from sluice.gateway.grpc_codec import GrpcInfer, infer_response, parameter_values
+from sluice.gateway.grpc_codec import (
+    GrpcInfer,
+    infer_response,
+    log_changes,
+    log_settings_response,
+    parameter_values,
+)
 from sluice.gateway.infer_results import InferOutcome, StreamedResponse
 from sluice.gateway.stream_window import REQUEST_DONE, StreamWindow
 from sluice.shared.errors import (
@@ -28,6 +34,7 @@ from sluice.shared.errors import (
     SluiceError,
     Unauthorized,
 )
+from sluice.shared.log_settings import LogSettingsError
 from sluice.shared.redis_client import REDIS_ERRORS, UNWRITTEN, redis_failure
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
@@ -39,6 +46,12 @@ T = TypeVar("T")
 #: the parameter of every streamed response: whether it is its request's last.
 FINAL_RESPONSE = "triton_final_response"
 Status = grpc.StatusCode
+#: tritonserver's status for each kind of refused logging update.
+LOG_REFUSAL_STATUS = {
+    "file": Status.UNIMPLEMENTED,
+    "format": Status.INVALID_ARGUMENT,
+    "type": Status.INVALID_ARGUMENT,
+}
 
 #: a typed error's `code` (shared/errors.py, Triton's names) -> its gRPC status.
 STATUS_BY_CODE = {
@@ -405,7 +418,15 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         await context.abort(Status.UNAVAILABLE, "the server does not support trace")
 
     async def LogSettings(self, request: Any, context: Any) -> Any:
-        await context.abort(Status.UNAVAILABLE, "the server does not support dynamic logging")
+        async def call() -> tuple[Any, LogSettingsError | None]:
+            return await self.core.logging.update(log_changes(request))
+
+        settings, refused = await self._answer(context, call)
+        if refused is not None:
+            # tritonserver's gRPC words: "log_format", where HTTP says "--log_format"
+            message = str(refused).replace("--log_format", "log_format")
+            await context.abort(LOG_REFUSAL_STATUS[refused.kind], message)
+        return log_settings_response(settings)
 
 
 def _streamed_response(request: Any, answer: StreamedResponse) -> Any:

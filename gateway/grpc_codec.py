@@ -27,6 +27,7 @@ from sluice.shared.infer_codec import (
     SharedMemorySpan,
     shared_memory_span,
 )
+from sluice.shared.log_settings import LogSettings
 from sluice.shared.protocol import Buffer, ResponseParameter, Tensor
 from sluice.shared.sequence_controls import GRPC_KINDS, check_grpc_kind
 from sluice.shared.signature import Signature
@@ -222,3 +223,34 @@ def set_parameter(parameter: Any, value: ResponseParameter) -> None:
         parameter.int64_param = value
     else:
         parameter.string_param = value
+
+
+def log_changes(request: Any) -> dict[str, Any]:
+    """A LogSettings request's settings as the JSON values `/v2/logging` takes; a flag given as
+    a number means its truth, a level given as a flag 0 or 1 (as tritonserver takes them)."""
+    changes: dict[str, Any] = {}
+    for name, value in request.settings.items():
+        kind = value.WhichOneof("parameter_choice")
+        if kind is None:
+            continue
+        given = getattr(value, kind)
+        if name in ("log_info", "log_warning", "log_error") and kind == "uint32_param":
+            given = bool(given)
+        elif name == "log_verbose_level" and kind == "bool_param":
+            given = int(given)
+        changes[name] = given
+    return changes
+
+
+def log_settings_response(settings: LogSettings) -> Any:
+    value = pb.LogSettingsResponse.SettingValue
+    return pb.LogSettingsResponse(
+        settings={
+            "log_file": value(string_param=settings.log_file),
+            "log_info": value(bool_param=settings.log_info),
+            "log_warning": value(bool_param=settings.log_warning),
+            "log_error": value(bool_param=settings.log_error),
+            "log_verbose_level": value(uint32_param=settings.log_verbose_level),
+            "log_format": value(string_param=settings.log_format),
+        }
+    )

@@ -11,6 +11,7 @@ import socket
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
@@ -131,6 +132,7 @@ async def serve_gateway(
     stop = stop or _stop_on_signal(config.drain_timeout_s, http)
     start_background(dispatcher, table, supervisor)
     supervisor.start("job-events", watch.run)
+    supervisor.start("log-settings", partial(core.logging.control.follow, redis))
     if cache is not None:
         supervisor.start("cache-statistics", cache.stats.run)
     background: list[asyncio.Task[None]] = []

@@ -105,6 +105,9 @@ DESIRED_CHANNEL = f"{PREFIX}:{{sluice}}:desired-events"
 #: hash: fleet-wide counters kept by gateways (requests that failed before reaching a worker).
 GATEWAY_STATS = f"{PREFIX}:{{sluice}}:gateway-stats"
 
+#: Triton's logging settings set through /v2/logging or LogSettings: every process follows them.
+LOG_SETTINGS = f"{PREFIX}:{{sluice}}:log-settings"
+
 
 #: sorted set: id -> expiry (ms) of every asynchronous job kept, counted against --max-jobs.
 JOBS_KEPT = f"{PREFIX}:{{sluice}}:jobs-kept"

@@ -14,16 +14,18 @@ from sluice.settings import (
     GATEWAY_SETTINGS_ENV,
     WORKER_SETTINGS_ENV,
     GatewaySettings,
+    ProcessSettings,
     ServeSettings,
     WorkerSettings,
 )
+from sluice.shared.log_control import install
+from sluice.shared.log_settings import LogSettings
 from sluice.status_cli import status
 
 
-def _logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s"
-    )
+def _logging(settings: ProcessSettings) -> None:
+    log_file = "" if settings.log_file is None else str(settings.log_file)
+    install(LogSettings.from_level(settings.log_level, log_file, settings.log_format))
 
 
 @click.group()
@@ -57,7 +59,7 @@ def serve(settings: ServeSettings) -> None:
     preflight.check_ports(settings.host, ports)
     if settings.redis_url is not None:
         preflight.check_redis(settings.redis_url)
-    _logging(settings.log_level)
+    _logging(settings)
     run_serve(settings)
 
 
@@ -77,7 +79,7 @@ def gateway(settings: GatewaySettings) -> None:
     }
     if not settings.share_ports:  # shared ports are taken already, by the other gateways
         preflight.check_ports(settings.host, ports)
-    _logging(settings.log_level)
+    _logging(settings)
     if settings.gateway_count() > 1:
         from sluice.serve import run_gateways
 
@@ -103,7 +105,7 @@ def worker(settings: WorkerSettings) -> None:
 
     preflight.check_repository(settings.model_repository)
     preflight.check_ports(settings.host, {"--health-port": settings.health_port})
-    _logging(settings.log_level)
+    _logging(settings)
     run_worker(settings.config())
 
 

@@ -55,6 +55,7 @@ JOBS_WORKER_SETTINGS_ENV = "SLUICE_JOBS_WORKER_SETTINGS"
 GATEWAY_SETTINGS_ENV = "SLUICE_GATEWAY_SETTINGS"
 
 LogLevel = Literal["debug", "info", "warning", "error"]
+LogFormat = Literal["default", "ISO8601"]
 
 #: the defaults of the policies the gateway and the workers also build without settings.
 OUTAGE = OutagePolicy()
@@ -164,7 +165,18 @@ class RedisPassword(Settings):
 class ProcessSettings(Settings):
     """What every long-running sluice process takes."""
 
-    log_level: LogLevel = option("info", help="Log level.")
+    log_level: LogLevel = option(
+        "info",
+        help="Log level: Triton's log_info, log_warning and log_error, and debug as "
+        "log_verbose_level 1 (all changeable fleet-wide through /v2/logging).",
+    )
+    log_file: Path | None = option(
+        None,
+        help="Also log to this file (Triton's --log-file: /v2/logging shows it, never changes it).",
+    )
+    log_format: LogFormat = option(
+        "default", help="Line format: 'default', or 'ISO8601' for UTC timestamps as Triton's."
+    )
     drain_timeout_s: float = option(
         DEFAULT_DRAIN_TIMEOUT_S, help=DRAIN_TIMEOUT_HELP, old="--drain-timeout", check=at_least(0)
     )

@@ -114,6 +114,8 @@ def test_serve_hands_its_children_settings_not_options(model_repo: Path) -> None
             "redis_url": settings["redis_url"],
             "burst": False,
             "log_level": "info",
+            "log_file": None,
+            "log_format": "default",
             "drain_timeout_s": 7.0,
             # a password is folded into the URL: the children are handed it there alone
             "redis_password": None,

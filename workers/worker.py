@@ -20,6 +20,7 @@ from sluice.shared.custom_metrics import INFO_KEY as CUSTOM_METRICS
 from sluice.shared.device_metrics import INFO_KEY as DEVICE_METRICS
 from sluice.shared.drain_deadline import DrainDeadline, on_stop_signals
 from sluice.shared.gc_tuning import settle_after_startup
+from sluice.shared.log_control import process_control
 from sluice.shared.model_config import ModelSpec
 from sluice.shared.redis_client import REDIS_ERRORS, async_client, initialized, out_of_memory
 from sluice.shared.registry import (
@@ -309,6 +310,7 @@ class Worker:
         on_stop_signals(self.drain, asyncio.get_running_loop(), self.stop)
         self.sampler.start()
         helpers = [asyncio.create_task(self._heartbeat()), asyncio.create_task(self._listen())]
+        helpers.append(asyncio.create_task(process_control().follow(self.redis)))
         if self.config.model_control_mode == "poll":
             helpers.append(asyncio.create_task(manager.poll(self.config.repository_poll_secs)))
         stopped = asyncio.create_task(self._until_stopped())
