@@ -31,6 +31,12 @@ SERVED = {
     "sluice_reclaimed_entries_total",
     "sluice_dead_lettered_requests_total",
     "sluice_early_runs_total",
+    "nv_cache_num_hits_per_model",
+    "nv_cache_num_misses_per_model",
+    "nv_cache_hit_duration_per_model",
+    "nv_cache_miss_duration_per_model",
+    "sluice_num_requests_running",
+    "sluice_num_requests_waiting",
 }
 
 
