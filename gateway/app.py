@@ -47,6 +47,7 @@ from sluice.shared.http_messages import (
 )
 from sluice.shared.infer_codec import HEADER_LENGTH, encode_response
 from sluice.shared.redis_client import REDIS_ERRORS, UNWRITTEN, redis_failure
+from sluice.shared.trace_settings import TraceSettingsError
 
 log = logging.getLogger(__name__)
 
@@ -207,6 +208,7 @@ class GatewayApp:
             Route("v2/models/stats", self._all_statistics, GET),
             Route("v2/logging", self._logging, GET),
             Route("v2/logging", self._change_logging, POST),
+            Route("v2/trace/setting", self._trace_setting, GET | POST),
             *(
                 Route(f"v2/{kind}{region}/{action}", handler, method)
                 for kind, handler in (
@@ -228,6 +230,7 @@ class GatewayApp:
                     Route(f"{prefix}/ready/**", self._model_ready, GET),
                     Route(f"{prefix}/config/**", self._model_config, GET),
                     Route(f"{prefix}/stats/**", self._model_statistics, GET),
+                    Route(f"{prefix}/trace/setting", self._trace_setting, GET | POST),
                 )
             ),
         ]
@@ -303,6 +306,25 @@ class GatewayApp:
         )
         if refused is not None:
             return json_response({"error": str(refused)}, LOG_REFUSAL_STATUS[refused.kind])
+        return json_response(settings.to_json())
+
+    async def _trace_setting(self, request: HttpRequest, params: Params) -> HttpResponse:
+        """Triton's trace settings, global or a model's: an update is all or nothing."""
+        model = params.get("model")
+        if model is not None:
+            self.core.known_model(model)
+        tracing = self.core.tracing
+        if request.method == "GET":
+            await tracing.refresh()
+            return json_response(tracing.settings(model).to_json())
+        try:
+            changes = orjson.loads(request.body)
+        except orjson.JSONDecodeError as exc:
+            return json_response({"error": f"failed to parse the request JSON buffer: {exc}"}, 500)
+        try:
+            settings = await tracing.update(model, changes if isinstance(changes, dict) else {})
+        except TraceSettingsError as exc:
+            return json_response({"error": str(exc)}, exc.status)
         return json_response(settings.to_json())
 
     async def _fleet(self, request: HttpRequest, params: Params) -> HttpResponse:

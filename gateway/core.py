@@ -31,6 +31,7 @@ from sluice.gateway.outbox import Route
 from sluice.gateway.response_cache.response_cache import ResponseCache
 from sluice.gateway.restricted_apis import Restrictions
 from sluice.gateway.system_shared_memory import SystemSharedMemory
+from sluice.gateway.tracing import FleetTracing, Trace
 from sluice.shared import keys
 from sluice.shared.bulk import BulkStatus
 from sluice.shared.config_view import ConfigView
@@ -58,6 +59,7 @@ from sluice.shared.redis_client import REDIS_ERRORS
 from sluice.shared.repository_control import NOT_EXPLICIT, ControlMode
 from sluice.shared.sequence_controls import SEQUENCE_PARAMETERS, check_sequence_request
 from sluice.shared.signature import validate_inputs
+from sluice.shared.trace_settings import TraceSettings
 
 #: request parameters the workers act on.
 FORWARDED_PARAMETERS = (PRIORITY, TIMEOUT, DEADLINE, *SEQUENCE_PARAMETERS)
@@ -113,8 +115,11 @@ class GatewayCore:
         limits: GatewayLimits,
         bulk: BulkApi,
         cache: ResponseCache | None = None,
+        tracing: FleetTracing | None = None,
     ) -> None:
         self.dispatcher = dispatcher
+        #: Triton's trace extension (--trace-config); by default it traces nothing.
+        self.tracing = tracing or FleetTracing(dispatcher.redis, TraceSettings(), None)
         #: Triton's response cache (--cache-config), for the models that enable it.
         self.cache = cache
         self.table = table
@@ -136,6 +141,11 @@ class GatewayCore:
 
     async def fleet(self) -> dict[str, Any]:
         return await fleet_status(self.dispatcher.redis)
+
+    def known_model(self, name: str) -> None:
+        """Triton's answer to a trace setting for a model it does not know."""
+        if name not in self.table.models and name not in self.table.repository:
+            raise InvalidInput(f"Request for unknown model : {name}")
 
     # -- repository ------------------------------------------------------------------------
 
@@ -280,12 +290,27 @@ class GatewayCore:
             raise Unsupported(
                 f"{endpoint} doesn't support models with decoupled transaction policy"
             )
-        prepared = self.prepare(view, version, infer)
-        result = await self._result(view, prepared, client_gone)
-        return outcome(view.name, prepared.version, prepared.request, result)
+        tracing = self.tracing
+        trace = tracing.begin(view.name, time.time_ns())
+        if trace is None:
+            prepared = self.prepare(view, version, infer)
+            result = await self._result(view, prepared, client_gone)
+            return outcome(view.name, prepared.version, prepared.request, result)
+        answered = None
+        try:
+            prepared = self.prepare(view, version, infer)
+            trace.version, trace.request_id = prepared.version, prepared.request.id or ""
+            answered = await self._result(view, prepared, client_gone, trace)
+            return outcome(view.name, prepared.version, prepared.request, answered)
+        finally:
+            tracing.end(trace, answered, time.time_ns())
 
     async def _result(
-        self, view: ModelView, prepared: Prepared, client_gone: asyncio.Future[None] | None
+        self,
+        view: ModelView,
+        prepared: Prepared,
+        client_gone: asyncio.Future[None] | None,
+        trace: Trace | None = None,
     ) -> Result:
         """The request's one result: from the response cache, or run (and then cached)."""
         lookup = None
@@ -294,14 +319,18 @@ class GatewayCore:
             if lookup.hit is not None:
                 outputs, parameters = lookup.hit
                 return Result("", outputs, parameters=parameters)
-        result = await self._run(view, prepared, client_gone)
+        result = await self._run(view, prepared, client_gone, trace)
         if lookup is not None:
             assert self.cache is not None
             await self.cache.insert(lookup, result)
         return result
 
     async def _run(
-        self, view: ModelView, prepared: Prepared, client_gone: asyncio.Future[None] | None
+        self,
+        view: ModelView,
+        prepared: Prepared,
+        client_gone: asyncio.Future[None] | None,
+        trace: Trace | None = None,
     ) -> Result:
         params = prepared.parameters
         timeout_s, timeout_message = _time_limit(params, self.limits.request_timeout_s)
@@ -311,6 +340,9 @@ class GatewayCore:
                 *(timeout_s, timeout_message, client_gone),
             )
         request = _new_request(self.dispatcher, prepared)
+        if trace is not None:
+            request.traced = True
+            trace.stamps.append(("QUEUE_START", request.enqueue_ns))
 
         def cancel(_: object) -> None:
             self.dispatcher.cancel(view.name, request.id)

@@ -24,6 +24,8 @@ from sluice.gateway.grpc_codec import (
     log_changes,
     log_settings_response,
     parameter_values,
+    trace_changes,
+    trace_settings_response,
 )
 from sluice.gateway.infer_results import InferOutcome, StreamedResponse
 from sluice.gateway.stream_window import REQUEST_DONE, StreamWindow
@@ -33,9 +35,11 @@ from sluice.shared.errors import (
     ModelNotReady,
     SluiceError,
     Unauthorized,
+    Unsupported,
 )
 from sluice.shared.log_settings import LogSettingsError
 from sluice.shared.redis_client import REDIS_ERRORS, UNWRITTEN, redis_failure
+from sluice.shared.trace_settings import TraceSettingsError
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
@@ -414,8 +418,22 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         return await self._answer(context, _no_regions(pb.CudaSharedMemoryUnregisterResponse))
 
     async def TraceSetting(self, request: Any, context: Any) -> Any:
-        # Triton built without tracing answers the same
-        await context.abort(Status.UNAVAILABLE, "the server does not support trace")
+        async def call() -> Any:
+            model = request.model_name or None
+            if model is not None:
+                self.core.known_model(model)
+            tracing = self.core.tracing
+            if not request.settings:
+                await tracing.refresh()
+                return trace_settings_response(tracing.settings(model))
+            try:
+                changed = await tracing.update(model, trace_changes(request))
+            except TraceSettingsError as exc:
+                refusal = Unsupported if exc.status == 501 else InvalidInput
+                raise refusal(str(exc)) from None
+            return trace_settings_response(changed)
+
+        return await self._answer(context, call)
 
     async def LogSettings(self, request: Any, context: Any) -> Any:
         async def call() -> tuple[Any, LogSettingsError | None]:

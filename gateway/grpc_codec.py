@@ -31,6 +31,7 @@ from sluice.shared.log_settings import LogSettings
 from sluice.shared.protocol import Buffer, ResponseParameter, Tensor
 from sluice.shared.sequence_controls import GRPC_KINDS, check_grpc_kind
 from sluice.shared.signature import Signature
+from sluice.shared.trace_settings import TraceSettings
 from tritonclient.grpc import service_pb2 as pb
 
 #: the typed `contents` field that carries each datatype (FP16 and BF16 have none: raw only).
@@ -252,5 +253,29 @@ def log_settings_response(settings: LogSettings) -> Any:
             "log_error": value(bool_param=settings.log_error),
             "log_verbose_level": value(uint32_param=settings.log_verbose_level),
             "log_format": value(string_param=settings.log_format),
+        }
+    )
+
+
+def trace_changes(request: Any) -> dict[str, Any]:
+    """A TraceSetting request's settings as the JSON `/v2/trace/setting` takes: the level a
+    list, the others their one string; an empty value drops the value set before (null)."""
+    changes: dict[str, Any] = {}
+    for name, setting in request.settings.items():
+        values = list(setting.value)
+        if not values:
+            changes[name] = None
+        else:
+            changes[name] = values if name == "trace_level" else values[0]
+    return changes
+
+
+def trace_settings_response(settings: TraceSettings) -> Any:
+    value = pb.TraceSettingResponse.SettingValue
+    answer = settings.to_json()
+    return pb.TraceSettingResponse(
+        settings={
+            name: value(value=shown if isinstance(shown, list) else [shown])
+            for name, shown in answer.items()
         }
     )

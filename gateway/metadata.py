@@ -32,6 +32,7 @@ EXTENSIONS = (
     "parameters",
     "system_shared_memory",
     "cuda_shared_memory",
+    "trace",
     "logging",
     f"sluice/{__version__}",
 )

@@ -113,8 +113,9 @@ _SERVER_PATHS = {
 
 def http_category(path: str) -> str | None:
     """The category of a /v2 path (the router's view: outer slashes dropped), or None for a
-    path no endpoint serves. Triton's paths sluice does not serve (shared memory, trace,
-    logging) have theirs too, so that a restricted one is refused as Triton refuses it."""
+    path no endpoint serves. Triton's CUDA shared memory paths, which sluice answers as a
+    Triton without GPUs, have theirs too, so that a restricted one is refused as Triton
+    refuses it."""
     segments = path.strip("/").split("/")
     if segments[0] != "v2":
         return None

@@ -10,7 +10,7 @@ import os
 import socket
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -34,6 +34,8 @@ from sluice.gateway.response_cache.local_store import LocalStore
 from sluice.gateway.response_cache.redis_store import RedisStore
 from sluice.gateway.response_cache.response_cache import ResponseCache
 from sluice.gateway.stream_window import StreamLoad
+from sluice.gateway.trace_file import TraceFile
+from sluice.gateway.tracing import FleetTracing
 from sluice.shared.drain_deadline import DrainDeadline, on_stop_signals
 from sluice.shared.errors import Unavailable
 from sluice.shared.gc_tuning import settle_after_startup
@@ -42,6 +44,7 @@ from sluice.shared.redis_client import REDIS_ERRORS, async_client, initialized
 from sluice.shared.registry import Member
 from sluice.shared.supervision import Supervisor
 from sluice.shared.tasks import stop_tasks
+from sluice.shared.trace_settings import TraceSettings
 
 if TYPE_CHECKING:
     from sluice.gateway.grpc_h2.port import H2GrpcPort
@@ -81,6 +84,17 @@ class GatewayConfig:
     cache_config: CacheConfig | None = None
     #: bind the ports with SO_REUSEPORT: other gateways of this host take connections on them.
     share_ports: bool = False
+    #: Triton's trace settings from --trace-config.
+    trace_config: TraceSettings = field(default_factory=TraceSettings)
+
+
+def _tracing(config: GatewayConfig, redis: aioredis.Redis) -> FleetTracing:
+    """The trace file is the one --trace-config names; each of several gateway processes on
+    the same ports (serve --gateways) writes its own, the process id added to its name."""
+    path = config.trace_config.file
+    if path and config.share_ports:
+        path = f"{path}.{os.getpid()}"
+    return FleetTracing(redis, config.trace_config, TraceFile(path) if path else None)
 
 
 async def serve_gateway(
@@ -123,7 +137,8 @@ async def serve_gateway(
     jobs = JobStore(redis, watch, limits.job_ttl_s, limits.max_jobs)
     bulk = BulkApi(config.redis_url, limits.max_body_bytes, limits.max_bulk_jobs)
     cache, cache_redis = _response_cache(config, redis, table)
-    core = GatewayCore(dispatcher, table, config.limits, bulk, cache)
+    tracing = _tracing(config, redis)
+    core = GatewayCore(dispatcher, table, config.limits, bulk, cache, tracing)
     app = GatewayApp(core, JobOperations(core, jobs), config.limits)
     http = HttpServer(app, config.limits.max_body_bytes, app.precheck)
     streams = StreamLoad()
@@ -133,6 +148,7 @@ async def serve_gateway(
     start_background(dispatcher, table, supervisor)
     supervisor.start("job-events", watch.run)
     supervisor.start("log-settings", partial(core.logging.control.follow, redis))
+    supervisor.start("trace-settings", tracing.follow)
     if cache is not None:
         supervisor.start("cache-statistics", cache.stats.run)
     background: list[asyncio.Task[None]] = []
@@ -163,6 +179,7 @@ async def serve_gateway(
         )
         await stop_tasks(background)
         await supervisor.stop()
+        tracing.close()
         await dispatcher.close()
         bulk.close()
         await table.remove_self()

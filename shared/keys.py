@@ -108,6 +108,10 @@ GATEWAY_STATS = f"{PREFIX}:{{sluice}}:gateway-stats"
 #: Triton's logging settings set through /v2/logging or LogSettings: every process follows them.
 LOG_SETTINGS = f"{PREFIX}:{{sluice}}:log-settings"
 
+#: Triton's trace settings set through /v2/trace/setting or TraceSetting: every gateway follows
+#: them (fields `global` and `model:<name>`, JSON).
+TRACE_SETTINGS = f"{PREFIX}:{{sluice}}:trace-settings"
+
 
 #: sorted set: id -> expiry (ms) of every asynchronous job kept, counted against --max-jobs.
 JOBS_KEPT = f"{PREFIX}:{{sluice}}:jobs-kept"

@@ -38,6 +38,9 @@ SCHEMA = 1
 CONTINUATION = "sluice_ensemble"
 #: the request parameter that counts the tensors after its inputs carried for later steps.
 CARRIED = "sluice_carried"
+#: a request sampled for a trace (Triton's trace extension): the worker sends its batch's
+#: compute timestamps back with the result, under the same name among the result's parameters.
+TRACED = "sluice_trace"
 
 #: caps on what a header may declare, so a hostile entry cannot make the decoder allocate.
 MAX_HEADER_BYTES = 1 << 20
@@ -85,6 +88,8 @@ class Request:
     #: an ensemble step's client inputs that later steps need: on the wire after `inputs`,
     #: counted by the parameter CARRIED, never among the inputs a model sees.
     carried: list[Tensor] = field(default_factory=list)
+    #: sampled for a trace: on the wire as the parameter TRACED, never among those a model sees.
+    traced: bool = False
 
 
 @dataclass(slots=True)
@@ -104,6 +109,10 @@ class Result:
     #: `InferenceResponse(error=...)`), which Triton's statistics count as a success; it
     #: stays with the worker, never on the wire.
     answered_by_model: bool = False
+    #: a traced request's compute timestamps (wall-clock ns): COMPUTE_START,
+    #: COMPUTE_INPUT_END, COMPUTE_OUTPUT_START, COMPUTE_END; on the wire among the parameters
+    #: as TRACED, never shown to the client.
+    timestamps: list[int] | None = None
 
 
 def _tensor_headers(tensors: Iterable[Tensor], blobs: list[Buffer]) -> list[list[Any]]:
@@ -154,11 +163,15 @@ def encode_requests(requests: Sequence[Request]) -> dict[str, bytes]:
 
 
 def _parameters(request: Request) -> dict[str, Any]:
-    if request.continuation is None:
+    if request.continuation is None and not request.traced:
         return request.parameters
-    extra: dict[str, Any] = {CONTINUATION: request.continuation}
+    extra: dict[str, Any] = {}
+    if request.continuation is not None:
+        extra[CONTINUATION] = request.continuation
     if request.carried:
         extra[CARRIED] = len(request.carried)
+    if request.traced:
+        extra[TRACED] = True
     return {**request.parameters, **extra}
 
 
@@ -170,7 +183,9 @@ def encode_results(results: Sequence[Result]) -> dict[str, bytes]:
         item: list[Any] = [r.id, _tensor_headers(r.outputs, blobs), r.error]
         if r.seq is not None:
             item += [r.seq, r.final]
-        if r.parameters:
+        if r.timestamps is not None:
+            item.append({**(r.parameters or {}), TRACED: r.timestamps})
+        elif r.parameters:
             item.append(r.parameters)
         items.append(item)
     return {"h": msgpack.packb([SCHEMA, items]), "d": b"".join(blobs)}
@@ -258,6 +273,7 @@ def decode_requests(fields: Fields) -> list[Request]:
             raise ProtocolError("carried tensors must be a count of the request's tensors")
         kept = inputs[len(inputs) - carried :]
         del inputs[len(inputs) - carried :]
+        traced = params.pop(TRACED, False) is True
         requests.append(
             Request(
                 rid,
@@ -269,6 +285,7 @@ def decode_requests(fields: Fields) -> list[Request]:
                 params,
                 continuation,
                 kept,
+                traced,
             )
         )
     return requests
@@ -281,7 +298,17 @@ def decode_results(fields: Fields) -> list[Result]:
     for item in items:
         if not (isinstance(item, list) and isinstance(item[0] if item else None, str)):
             raise ProtocolError("malformed result header")
-        parameters = _response_parameters(item.pop()) if len(item) in (4, 6) else None
+        parameters, timestamps = None, None
+        if len(item) in (4, 6):
+            given = item.pop()
+            timestamps = given.pop(TRACED, None) if isinstance(given, dict) else None
+            if timestamps is not None and not (
+                isinstance(timestamps, list)
+                and len(timestamps) == 4
+                and all(map(_is_int, timestamps))
+            ):
+                raise ProtocolError("a result's trace must be four timestamps")
+            parameters = _response_parameters(given) if given or timestamps is None else None
         streamed = len(item) == 5
         if streamed:
             rid, heads, error, seq, final = item
@@ -298,9 +325,9 @@ def decode_results(fields: Fields) -> list[Result]:
         outputs, offset = _cut_tensors(heads, blob, offset)
         failure = (error[0], error[1]) if error else None
         results.append(
-            Result(rid, outputs, failure, seq, final, parameters)
+            Result(rid, outputs, failure, seq, final, parameters, timestamps=timestamps)
             if streamed
-            else Result(rid, outputs, failure, parameters=parameters)
+            else Result(rid, outputs, failure, parameters=parameters, timestamps=timestamps)
         )
     return results
 

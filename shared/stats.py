@@ -195,6 +195,8 @@ class BatchStats:
     input_ns: int = 0
     infer_ns: int = 0
     output_ns: int = 0
+    #: when the batch's run started (wall clock): its traced requests' COMPUTE_START.
+    started_ns: int = 0
     #: the batch was answered by a run made while its delay ran out; a run made early for
     #: other requests was dropped when this batch was formed.
     early_answered: bool = False
@@ -202,6 +204,12 @@ class BatchStats:
     #: rows of the batch that were a sequence batch's null requests: executed, and counted in
     #: its batch size, but no inferences of their own (as Triton counts them).
     null_rows: int = 0
+
+    def compute_timestamps(self) -> list[int]:
+        """COMPUTE_START, COMPUTE_INPUT_END, COMPUTE_OUTPUT_START, COMPUTE_END of the run."""
+        input_end = self.started_ns + self.input_ns
+        output_start = input_end + self.infer_ns
+        return [self.started_ns, input_end, output_start, output_start + self.output_ns]
 
     def settle(self, enqueued_ns: Sequence[int], failed: Sequence[bool], finished_ns: int) -> None:
         """Count the batch's requests (enqueued at `enqueued_ns`, `queue_samples_ns` already

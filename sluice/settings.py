@@ -13,6 +13,7 @@ name.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -41,6 +42,7 @@ from sluice.shared.drain_deadline import DEFAULT_DRAIN_TIMEOUT_S, DRAIN_TIMEOUT_
 from sluice.shared.idle_poll import DEFAULT_WINDOW_US
 from sluice.shared.jobs import MAX_BULK_JOBS, MAX_JOBS
 from sluice.shared.repository_control import ControlMode, load_model_problem
+from sluice.shared.trace_settings import parse_trace_config
 from sluice.workers.recovery.recovery import RecoveryPolicy
 from sluice.workers.worker_config import WorkerConfig
 
@@ -109,13 +111,17 @@ def restriction_check(flag: str) -> Check:
     return check
 
 
-def cache_config_check(specs: tuple[str, ...]) -> str | None:
-    """What is wrong with --cache-config, if anything."""
-    try:
-        parse_cache_config(specs)
-    except ValueError as exc:
-        return str(exc)
-    return None
+def parses(parse: Callable[[tuple[str, ...]], object]) -> Check:
+    """A check that says what `parse` finds wrong with an option's values (its ValueError)."""
+
+    def check(specs: tuple[str, ...]) -> str | None:
+        try:
+            parse(specs)
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    return check
 
 
 def restricted_option(flag: str, help: str) -> Any:
@@ -330,7 +336,17 @@ class GatewayOptions(ProcessSettings, IdlePolling, ModelControl):
         "whole fleet on its Redis (or host=,port= another), each entry for ttl=<s> (600). "
         "Models opt in with response_cache { enable: true }.",
         repeat=True,
-        check=cache_config_check,
+        check=parses(parse_cache_config),
+        shown=" ".join,
+    )
+    trace_config: tuple[str, ...] = option(
+        (),
+        help="Triton's trace extension, [triton,]<setting>=<value> (repeat to add): "
+        "level=TIMESTAMPS, rate=<every Nth request> (1000), count=<traces> (-1: no limit), "
+        "file=<path> (a JSON array, as Triton's), log-frequency=<traces per file> (0: at "
+        "stop). Changeable fleet-wide at run time through /v2/trace/setting.",
+        repeat=True,
+        check=parses(parse_trace_config),
         shown=" ".join,
     )
     share_ports: bool = option(
@@ -383,6 +399,7 @@ class GatewayOptions(ProcessSettings, IdlePolling, ModelControl):
             limits=limits,
             outage=outage,
             cache_config=cache,
+            trace_config=parse_trace_config(self.trace_config),
         )
 
 

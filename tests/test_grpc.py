@@ -392,7 +392,6 @@ def test_shared_memory_trace_and_log_extensions(stub: Any) -> None:
     calls = [
         (stub.SystemSharedMemoryRegister, pb.SystemSharedMemoryRegisterRequest(name="r")),
         (stub.CudaSharedMemoryRegister, pb.CudaSharedMemoryRegisterRequest(name="r")),
-        (stub.TraceSetting, pb.TraceSettingRequest()),
     ]
     failures = []
     for method, message in calls:
@@ -405,9 +404,11 @@ def test_shared_memory_trace_and_log_extensions(stub: Any) -> None:
             Status.INVALID_ARGUMENT,
             "failed to register CUDA shared memory region: 'r', GPUs not supported",
         ),
-        (Status.UNAVAILABLE, "the server does not support trace"),
     ]
-    # the logging extension answers (tests/test_logging_extension.py has the rest)
+    # the trace and logging extensions answer (tests/test_tracing.py and
+    # tests/test_logging_extension.py have the rest)
+    trace = stub.TraceSetting(pb.TraceSettingRequest()).settings
+    assert list(trace["trace_mode"].value) == ["triton"]
     settings = stub.LogSettings(pb.LogSettingsRequest()).settings
     assert settings["log_error"].bool_param is True
     assert settings["log_format"].string_param in ("default", "ISO8601")

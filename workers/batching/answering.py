@@ -118,6 +118,7 @@ class Answering:
             started_ns = time.time_ns()
             running = self.instances.start(launch.lane, requests, sizes, here=launch.inline)
         stats = BatchStats(requests[0].version, sum(sizes), started_ns // 1_000_000)
+        stats.started_ns = started_ns
         stats.queue_samples_ns = [
             max(0, started_ns - q.request.enqueue_ns) for q in launch.batch if not q.filler
         ]
@@ -146,6 +147,8 @@ class Answering:
     ) -> None:
         lane, inline = launch.lane, launch.inline
         results = await self.instances.run_isolating(lane, requests, sizes, stats, running)
+        if any(r.traced for r in requests):
+            _stamp(requests, results, stats.compute_timestamps())
         items: Sequence[Queued] = launch.batch
         if any(q.filler for q in items):  # the null requests' answers are dropped
             kept = [i for i, q in enumerate(items) if not q.filler]
@@ -209,3 +212,10 @@ async def _then(answer: Coroutine[Any, Any, None], ran: _Once, turn: _Turn | Non
         ran()
         if turn is not None and not turn.done.done():
             turn.done.set_result(None)
+
+
+def _stamp(requests: Sequence[Request], results: Sequence[Result], stamps: list[int]) -> None:
+    """A traced request's result carries its batch's compute timestamps to its gateway."""
+    for request, result in zip(requests, results, strict=True):
+        if request.traced:
+            result.timestamps = stamps

@@ -1,0 +1,169 @@
+"""Triton's trace extension at the gateway (`mode=triton`, level TIMESTAMPS): which requests
+are traced, the fleet's trace settings, and the trace written for each.
+
+The settings are the command line's (`--trace-config`) under the fleet's, which
+`/v2/trace/setting` and gRPC `TraceSetting` change for every gateway (one Redis hash,
+`keys.TRACE_SETTINGS`: field `global`, and `model:<name>` for a model's own values); each
+gateway reads it every FOLLOW_INTERVAL_S and at once after its own change. Every `rate`-th
+request of a model is traced while `count` (per gateway) lasts. A traced request carries a
+flag to its worker, which sends its batch's compute timestamps back with the result; the
+gateway adds its own (REQUEST_START, QUEUE_START, REQUEST_END) and writes the trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from sluice.gateway.trace_file import TraceFile, trace_objects
+from sluice.shared import keys
+from sluice.shared.log_control import FOLLOW_INTERVAL_S
+from sluice.shared.protocol import Result
+from sluice.shared.redis_client import REDIS_ERRORS
+from sluice.shared.trace_settings import TraceSettings, parse_update
+
+log = logging.getLogger(__name__)
+
+GLOBAL = "global"
+COMPUTE = ("COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END")
+
+
+def _field(model: str | None) -> str:
+    return GLOBAL if model is None else f"model:{model}"
+
+
+@dataclass(slots=True)
+class Trace:
+    """One traced request's timestamps so far (wall-clock ns)."""
+
+    id: int
+    model: str
+    version: int = 0
+    request_id: str = ""
+    stamps: list[tuple[str, int]] = field(default_factory=list)
+
+
+class FleetTracing:
+    def __init__(self, redis: Any, baseline: TraceSettings, file: TraceFile | None) -> None:
+        self.redis = redis
+        self.baseline = baseline
+        self.file = file
+        #: the fleet's values: field name -> its values (`global`, `model:<name>`).
+        self._fleet: dict[str, dict[str, Any]] = {}
+        #: requests of each model since its last trace, and traces taken per setting's scope
+        #: since its count was last set.
+        self._seen: Counter[str] = Counter()
+        self._taken: Counter[str] = Counter()
+        self._ids = itertools.count(1)
+        #: each model's settings as last worked out: a request's look-up is one dict get,
+        #: until the fleet's settings change or a trace is taken.
+        self._known: dict[str | None, TraceSettings] = {}
+
+    def settings(self, model: str | None = None) -> TraceSettings:
+        """The settings `model` is traced by (None: the global ones), its count what is left."""
+        known = self._known.get(model)
+        if known is None:
+            known = self._known[model] = self._worked_out(model)
+        return known
+
+    def _worked_out(self, model: str | None) -> TraceSettings:
+        values = {**self._fleet.get(GLOBAL, {})}
+        if model is not None:
+            values.update(self._fleet.get(_field(model), {}))
+        settings = self.baseline.with_values(values)
+        if settings.count > 0:
+            left = max(0, settings.count - self._taken[self._scope(model)])
+            settings = settings.with_values({"count": left})
+        return settings
+
+    def _scope(self, model: str | None) -> str:
+        own = model is not None and "count" in self._fleet.get(_field(model), {})
+        return _field(model) if own else GLOBAL
+
+    def begin(self, model: str, at_ns: int) -> Trace | None:
+        """A trace of this request of `model`, if it is to be traced."""
+        if self.file is None:
+            return None
+        settings = self.settings(model)
+        if not settings.on:
+            return None
+        self._seen[model] += 1
+        if self._seen[model] < settings.rate:
+            return None
+        self._seen[model] = 0
+        if settings.count > 0:
+            self._taken[self._scope(model)] += 1
+            self._known.clear()
+        return Trace(next(self._ids), model, stamps=[("REQUEST_START", at_ns)])
+
+    def end(self, trace: Trace, result: Result | None, at_ns: int) -> None:
+        """The request was answered: its trace goes to the file."""
+        assert self.file is not None
+        if result is not None and result.timestamps is not None:
+            trace.stamps += zip(COMPUTE, result.timestamps, strict=True)
+        trace.stamps.append(("REQUEST_END", at_ns))
+        objects = trace_objects(
+            trace.id, trace.model, trace.version, trace.request_id, trace.stamps
+        )
+        self.file.add(objects, self.settings().log_frequency)
+
+    # -- the fleet's settings ----------------------------------------------------------------
+
+    async def refresh(self) -> None:
+        fields = await self.redis.hgetall(keys.TRACE_SETTINGS)
+        fleet: dict[str, dict[str, Any]] = {}
+        for name, raw in fields.items():
+            try:
+                values = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(values, dict):
+                fleet[name.decode() if isinstance(name, bytes) else name] = values
+        for scope in set(self._fleet) | set(fleet):
+            if self._fleet.get(scope, {}).get("count_set") != fleet.get(scope, {}).get("count_set"):
+                self._taken.pop(scope, None)  # a count set anew counts from its start
+        if fleet != self._fleet:
+            self._fleet = fleet
+            self._known.clear()
+
+    async def follow(self) -> None:
+        """Read the fleet's settings every FOLLOW_INTERVAL_S until cancelled."""
+        while True:
+            try:
+                await self.refresh()
+            except REDIS_ERRORS as exc:
+                log.debug("trace settings not read: %s", exc)
+            await asyncio.sleep(FOLLOW_INTERVAL_S)
+
+    async def update(self, model: str | None, body: Mapping[str, Any]) -> TraceSettings:
+        """Change the global settings (or `model`'s own) fleet-wide: all of `body` or, when
+        Triton would refuse it, none (TraceSettingsError)."""
+        await self.refresh()
+        values = parse_update(body)
+        scope = _field(model)
+        own = {**self._fleet.get(scope, {})}
+        for name, value in values.items():
+            if value is None:
+                own.pop(name, None)
+            elif name == "level":
+                own[name] = sorted(value)
+            else:
+                own[name] = value
+        if "count" in values:  # a count set again counts from its start, even the same count
+            own["count_set"] = time.time_ns()
+        scoped = own if model is None else {**self._fleet.get(GLOBAL, {}), **own}
+        self.baseline.with_values(scoped).checked()
+        await self.redis.hset(keys.TRACE_SETTINGS, scope, orjson.dumps(own))
+        await self.refresh()
+        return self.settings(model)
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
