@@ -54,13 +54,14 @@ def build_repository(folder: Path) -> Path:
     return folder
 
 
-def measure(protocol: str, port: int, level: int) -> dict[str, float]:
+def measure(protocol: str, port: int, level: int, asynchronous: bool = True) -> dict[str, float]:
     pa = perf_analyzer()
     if pa is None:
         raise SystemExit("perf_analyzer not found: set PERF_ANALYZER and PA_LIBDIR")
     url = f"127.0.0.1:{port if protocol == 'http' else port + 1}"
     csv_path = Path(tempfile.mkdtemp(prefix="gw-pa-")) / "out.csv"
-    command = [pa[0], "-m", MODEL, "-i", protocol, "-u", url, "--async"]
+    command = [pa[0], "-m", MODEL, "-i", protocol, "-u", url]
+    command += ["--async"] if asynchronous else []
     command += ["--concurrency-range", str(level), *PA_WINDOW, "-f", str(csv_path)]
     print("$", shlex.join(command), flush=True)
     run = subprocess.run(command, env=pa[1], capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
