@@ -222,9 +222,12 @@ def test_a_second_signal_ends_a_stuck_worker_at_once(tmp_path: Path, redis_url: 
 
 
 def test_serve_leaves_no_child_when_killed_outright(affine_repo: Path, tmp_path: Path) -> None:
-    """The children die with serve even when it gets no chance to stop them (SIGKILL)."""
+    """The children die with serve even when it gets no chance to stop them (SIGKILL). A
+    worker, told to stop as its parent dies, drains first: its own deadline (short here)
+    bounds that even when the embedded Redis it would answer through is gone with serve."""
     env = {"XDG_RUNTIME_DIR": str(tmp_path)}
-    serve = start_service(["--model-repository", str(affine_repo), "--bulk-workers", "0"], env)
+    args = ["--model-repository", str(affine_repo), "--bulk-workers", "0"]
+    serve = start_service([*args, "--drain-timeout-s", "5"], env)
     tree = descendants(serve.process.pid)
     serve.process.send_signal(signal.SIGKILL)
     serve.process.wait(10)
