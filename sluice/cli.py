@@ -21,6 +21,7 @@ from sluice.settings import (
 from sluice.shared.log_control import install
 from sluice.shared.log_settings import LogSettings
 from sluice.status_cli import status
+from sluice.tune.settings import TuneSettings
 
 
 def _logging(settings: ProcessSettings) -> None:
@@ -135,3 +136,47 @@ def bench(settings: BenchSettings) -> None:
         click.echo(
             "matplotlib is not installed (pip install 'sluice-serve[bench]'): no plot", err=True
         )
+
+
+@main.command()
+@settings_command(TuneSettings)
+def tune(settings: TuneSettings) -> None:
+    """Find the batching config that serves the most at a p99 objective (live reloads)."""
+    import time
+
+    from sluice.tune import report
+    from sluice.tune.candidates import Candidate
+    from sluice.tune.measure import TuneError
+    from sluice.tune.run import tune as run_tune
+    from sluice.tune.run import write_outputs
+    from sluice.tune.server import ServeFailed
+
+    began = time.monotonic()
+    with click.progressbar(
+        length=int(settings.budget_s), label="tuning", file=click.get_text_stream("stderr")
+    ) as bar:
+
+        def on_progress(candidate: Candidate) -> None:
+            bar.label = candidate.label()
+            bar.update(min(int(time.monotonic() - began), bar.length) - bar.pos)
+
+        try:
+            tuned = run_tune(settings, on_progress)
+        except (TuneError, ServeFailed) as exc:
+            raise click.ClickException(str(exc)) from None
+    click.echo(
+        report.table(
+            tuned.outcomes, tuned.objective, tuned.pick, settings.price_per_hour, settings.workers
+        )
+    )
+    for path in write_outputs(settings, tuned):
+        click.echo(f"wrote {path}")
+    if settings.price_per_hour is not None:
+        click.echo(
+            f"cost at ${settings.price_per_hour:g} per worker-hour x {settings.workers} "
+            f"worker(s); give workers --price-per-hour {settings.price_per_hour:g} for the "
+            "dashboard's cost panel"
+        )
+    if tuned.pick is None:
+        raise click.ClickException(f"no candidate met p99 <= {settings.p99_ms:g} ms")
+    click.echo(f"pick: {tuned.pick.label()}")
