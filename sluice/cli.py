@@ -142,6 +142,7 @@ def bench(settings: BenchSettings) -> None:
 @settings_command(TuneSettings)
 def tune(settings: TuneSettings) -> None:
     """Find the batching config that serves the most at a p99 objective (live reloads)."""
+    import sys
     import time
 
     from sluice.tune import report
@@ -152,9 +153,7 @@ def tune(settings: TuneSettings) -> None:
     from sluice.tune.server import ServeFailed
 
     began = time.monotonic()
-    with click.progressbar(
-        length=int(settings.budget_s), label="tuning", file=click.get_text_stream("stderr")
-    ) as bar:
+    with click.progressbar(length=int(settings.budget_s), label="tuning", file=sys.stderr) as bar:
 
         def on_progress(candidate: Candidate) -> None:
             bar.label = candidate.label()
