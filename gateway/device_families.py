@@ -52,10 +52,21 @@ def device_families(members: Iterable[Member]) -> list[Family]:
             if joules is not None:
                 energy[uuid] = max(joules, energy.get(uuid, joules))
     gpu = _families(dm.GPU_FAMILIES)
+    price = _prices(members)
     for uuid, (_, values) in sorted(freshest.items()):
         if uuid in energy:
             values[dm.GPU_ENERGY.name] = energy[uuid]
         for name, value in values.items():
             if name in gpu:
                 gpu[name].add({"gpu_uuid": str(uuid)}, value)
-    return [f for f in (*gpu.values(), *cpu.values()) if f.samples]
+    return [f for f in (*gpu.values(), *cpu.values(), price) if f.samples]
+
+
+def _prices(members: Iterable[Member]) -> Family:
+    """One series per worker that was given a price (sluice tune prints the one it used)."""
+    family = Family(dm.WORKER_PRICE.name, dm.WORKER_PRICE.kind, dm.WORKER_PRICE.help)
+    for member in sorted(members, key=lambda m: m.id):
+        price = member.info.get(dm.PRICE_KEY) if member.kind == "worker" else None
+        if isinstance(price, int | float) and not isinstance(price, bool):
+            family.add({"worker": member.id}, price)
+    return family

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 INFO_KEY = "device_metrics"
+#: a worker's `--price-per-hour`, in its heartbeat's `info` when set (dashboards' cost panel)
+PRICE_KEY = "price_per_hour"
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +32,11 @@ CPU_MEMORY_USED = DeviceFamily(
     "nv_cpu_memory_used_bytes", "gauge", "CPU used memory (RAM), in bytes"
 )
 CPU_FAMILIES = (CPU_UTILIZATION, CPU_MEMORY_TOTAL, CPU_MEMORY_USED)
+WORKER_PRICE = DeviceFamily(
+    "sluice_worker_price_per_hour",
+    "gauge",
+    "What this worker costs per hour (its --price-per-hour), for cost per inference",
+)
 
 GPU_UTILIZATION = DeviceFamily("nv_gpu_utilization", "gauge", "GPU utilization rate [0.0 - 1.0)")
 GPU_MEMORY_TOTAL = DeviceFamily("nv_gpu_memory_total_bytes", "gauge", "GPU total memory, in bytes")

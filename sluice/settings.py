@@ -471,6 +471,12 @@ class BatchingOptions(ProcessSettings, IdlePolling, ModelControl):
         "model, and then the only one).",
         repeat=True,
     )
+    price_per_hour: float | None = option(
+        None,
+        help="What one worker costs per hour: exported as sluice_worker_price_per_hour for the "
+        "dashboard's cost per million inferences (the price sluice tune priced with).",
+        check=positive,
+    )
     repository_poll_secs: float = option(
         15.0,
         help="Poll mode: seconds between two looks at the repository for new, changed and "

@@ -37,6 +37,8 @@ SERVED = {
     "nv_cache_miss_duration_per_model",
     "sluice_num_requests_running",
     "sluice_num_requests_waiting",
+    # per worker, from --price-per-hour (gateway/device_families.py)
+    "sluice_worker_price_per_hour",
 }
 
 

@@ -18,6 +18,7 @@ from sluice.shared import keys
 from sluice.shared.backoff import Backoff
 from sluice.shared.custom_metrics import INFO_KEY as CUSTOM_METRICS
 from sluice.shared.device_metrics import INFO_KEY as DEVICE_METRICS
+from sluice.shared.device_metrics import PRICE_KEY
 from sluice.shared.drain_deadline import DrainDeadline, on_stop_signals
 from sluice.shared.gc_tuning import settle_after_startup
 from sluice.shared.log_control import process_control
@@ -178,6 +179,8 @@ class Worker:
             "batches_per_s": rate,
             DEVICE_METRICS: self.sampler.latest,
         }
+        if self.config.price_per_hour is not None:
+            usage[PRICE_KEY] = self.config.price_per_hour
         custom = MODEL_METRICS.snapshot()
         if custom:  # Python models' own (pb_utils.MetricFamily), for the gateways' /metrics
             usage[CUSTOM_METRICS] = custom

@@ -43,6 +43,8 @@ class WorkerConfig:
     load_model: tuple[str, ...]
     #: poll mode: seconds between two looks at the repository.
     repository_poll_secs: float
+    #: what this worker costs per hour, exported for the dashboards' cost panel (None: not)
+    price_per_hour: float | None = None
     worker_id: str = ""
     block_ms: int = 1000
 
