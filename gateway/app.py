@@ -12,6 +12,7 @@ import base64
 import binascii
 import logging
 import re
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import parse_qsl
@@ -398,12 +399,17 @@ class GatewayApp:
         shared_memory = self.core.shared_memory
         infer = _rest_infer(request)
         infer.shared_memory = shared_memory.read
+        tracing = self.core.tracing
+        context = request.headers.get(b"traceparent") if tracing.follows_context else None
         outcome = await self.core.infer(
-            params["model"], params.get("version"), infer, request.disconnected
+            *(params["model"], params.get("version"), infer, request.disconnected),
+            traceparent=context.decode("latin-1") if context else None,
         )
         shared_memory.write_outputs(outcome.request.shm_outputs, outcome.outputs)
         response = infer_response(outcome)
         response.compressible = True  # Triton compresses infer responses alone
+        if outcome.trace is not None:
+            tracing.responded(outcome.trace, time.time_ns())
         return response
 
     async def _generate(self, request: HttpRequest, params: Params) -> HttpResponse:

@@ -281,29 +281,36 @@ class GatewayCore:
         infer: InferInput,
         client_gone: asyncio.Future[None] | None = None,
         endpoint: str = "HTTP end point",
+        traceparent: str | None = None,
     ) -> InferOutcome:
         """Queue the request and wait for its result; `client_gone` resolving cancels it.
         A decoupled model is refused, as Triton refuses it on `endpoint`: its responses
-        need a stream (`stream`)."""
+        need a stream (`stream`). `traceparent` is the client's trace context; a traced
+        request's outcome carries its trace, for the transport to end (`responded`)."""
         view = await self.view(model, version)
         if view.config is not None and view.config.decoupled:
             raise Unsupported(
                 f"{endpoint} doesn't support models with decoupled transaction policy"
             )
         tracing = self.tracing
-        trace = tracing.begin(view.name, time.time_ns())
+        trace = tracing.begin(view.name, time.time_ns(), traceparent)
         if trace is None:
             prepared = self.prepare(view, version, infer)
             result = await self._result(view, prepared, client_gone)
             return outcome(view.name, prepared.version, prepared.request, result)
-        answered = None
+        answered, error = None, None
         try:
-            prepared = self.prepare(view, version, infer)
+            prepared = self.prepare(view, version, infer, trace)
             trace.version, trace.request_id = prepared.version, prepared.request.id or ""
             answered = await self._result(view, prepared, client_gone, trace)
-            return outcome(view.name, prepared.version, prepared.request, answered)
+            served = outcome(view.name, prepared.version, prepared.request, answered)
+            served.trace = trace
+            return served
+        except BaseException as exc:
+            error = str(exc) or type(exc).__name__
+            raise
         finally:
-            tracing.end(trace, answered, time.time_ns())
+            tracing.end(trace, answered, time.time_ns(), error)
 
     async def _result(
         self,
@@ -337,11 +344,13 @@ class GatewayCore:
         if view.is_ensemble:
             return await self.ensembles.infer(
                 *(view, prepared.version, prepared.request, params),
-                *(timeout_s, timeout_message, client_gone),
+                *(timeout_s, timeout_message, client_gone, trace),
             )
         request = _new_request(self.dispatcher, prepared)
         if trace is not None:
             request.traced = True
+            if trace.spans is not None:
+                request.traceparent = trace.spans.traceparent
             trace.stamps.append(("QUEUE_START", request.enqueue_ns))
 
         def cancel(_: object) -> None:
@@ -406,14 +415,24 @@ class GatewayCore:
                 client_gone.remove_done_callback(cancel)
             await results.aclose()
 
-    def prepare(self, view: ModelView, version_text: str | None, infer: InferInput) -> Prepared:
-        """Decode and check an infer request; what fails here is counted as a failure."""
+    def prepare(
+        self,
+        view: ModelView,
+        version_text: str | None,
+        infer: InferInput,
+        trace: Trace | None = None,
+    ) -> Prepared:
+        """Decode and check an infer request; what fails here is counted as a failure.
+        A traced request's spans mark where the decode and the checks end."""
         version = view.resolve_version(version_text) or max(view.versions)
         sig = view.signature
         assert sig is not None
         body = infer.inflate(self.limits.max_body_bytes)
         try:
             parsed = infer.decode(body, sig)
+            spans = trace.spans if trace is not None else None
+            if spans is not None:
+                spans.decoded_ns = time.time_ns()
             validate_inputs(sig, parsed.inputs, parsed.id or "")
             known = sig.output_names()
             for output in parsed.outputs or ():
@@ -431,6 +450,8 @@ class GatewayCore:
         except InvalidInput:
             self._count_failure(view.name, version, "OTHER")
             raise
+        if spans is not None:
+            spans.checked_ns = time.time_ns()
         limit = share(policy.for_level(level).max_queue_size, view.partitions)
         config = view.config
         sequenced = config is not None and config.sequence_batched

@@ -19,6 +19,7 @@ from sluice.gateway.dispatcher import Dispatcher
 from sluice.gateway.model_table import ModelTable, ModelView
 from sluice.gateway.outage import RETRY_AFTER_S
 from sluice.gateway.outbox import Route
+from sluice.gateway.tracing import Trace
 from sluice.shared import keys
 from sluice.shared.ensemble import CLIENT, EnsembleError, Plan, build_plan, collect_configs
 from sluice.shared.ensemble_wire import Continuation, step_request
@@ -78,8 +79,11 @@ class Ensembles:
         timeout_s: float,
         timeout_message: str,
         client_gone: asyncio.Future[None] | None,
+        trace: Trace | None = None,
     ) -> Result:
-        """Run the ensemble request and return its answer (or the first step's error)."""
+        """Run the ensemble request and return its answer (or the first step's error). A
+        traced one's steps carry its trace, each step's worker opening a span for its model
+        under the ensemble's (OpenTelemetry mode)."""
         plan = self.plan(view)
         started_ns = time.time_ns()
         request_id = self.dispatcher.new_request_id()
@@ -91,6 +95,12 @@ class Ensembles:
         reply_to = self.dispatcher.reply_stream
         cont = Continuation(plan, CLIENT, reply_to, requested, levels, ttl_ms)
         parent = Request(request_id, 0, started_ns, reply_to, [], None, parameters)
+        if trace is not None:
+            trace.ensemble = True
+            parent.traced, parent.model_span = True, True
+            if trace.spans is not None:
+                parent.traceparent = trace.spans.traceparent
+            trace.stamps.append(("QUEUE_START", started_ns))
         tensors = {t.name: t for t in parsed.inputs}
         first, *others = plan.sources()
         sends: list[Any] = []

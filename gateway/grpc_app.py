@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any, NoReturn, TypeVar
@@ -29,6 +30,7 @@ from sluice.gateway.grpc_codec import (
 )
 from sluice.gateway.infer_results import InferOutcome, StreamedResponse
 from sluice.gateway.stream_window import REQUEST_DONE, StreamWindow
+from sluice.gateway.tracing import FleetTracing
 from sluice.shared.errors import (
     InvalidInput,
     ModelNotFound,
@@ -105,6 +107,16 @@ def grpc_status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
 
 def _version(text: str) -> str | None:
     return text or None
+
+
+def _traceparent(context: Any, tracing: FleetTracing) -> str | None:
+    """The client's trace context, from its metadata (read only when traces follow one)."""
+    if context is None or not tracing.follows_context:
+        return None
+    for key, value in context.invocation_metadata() or ():
+        if key == "traceparent":
+            return value if isinstance(value, str) else None
+    return None
 
 
 def _consume(task: asyncio.Task[Any]) -> None:
@@ -245,17 +257,20 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         try:
             self._authorize(context)
-            outcome = await self._infer(request)
+            outcome = await self._infer(request, context)
         except Exception as exc:
             await self._abort(context, exc)
-        return infer_response(outcome)
+        response = infer_response(outcome)
+        if outcome.trace is not None:
+            self.core.tracing.responded(outcome.trace, time.time_ns())
+        return response
 
-    async def _infer(self, request: Any) -> InferOutcome:
-        outcome = await self._run(request)
+    async def _infer(self, request: Any, context: Any) -> InferOutcome:
+        outcome = await self._run(request, _traceparent(context, self.core.tracing))
         self.core.shared_memory.write_outputs(outcome.request.shm_outputs, outcome.outputs)
         return outcome
 
-    async def _run(self, request: Any) -> InferOutcome:
+    async def _run(self, request: Any, traceparent: str | None = None) -> InferOutcome:
         """Run one request; the RPC cancelled (client gone, deadline passed) cancels it in
         the queue, as a closed HTTP connection does. The core runs in a task of its own so
         that grpc's cancellation reaches it as `gone` rather than as CancelledError (grpc
@@ -268,6 +283,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             GrpcInfer(request, self.core.shared_memory.read),
             gone,
             "ModelInfer RPC",
+            traceparent,
         )
         task = loop.create_task(infer)
         try:

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sluice.shared.errors import SluiceError, error_from_code
 from sluice.shared.infer_codec import ParsedInfer
 from sluice.shared.protocol import ResponseParameter, Result, Tensor
+
+if TYPE_CHECKING:
+    from sluice.gateway.tracing import Trace
 
 
 @dataclass(slots=True)
@@ -21,6 +25,8 @@ class InferOutcome:
     outputs: Sequence[Tensor]
     #: the response's parameters for the client, as its model set them (None: it set none).
     parameters: dict[str, ResponseParameter] | None = None
+    #: a traced request's trace, which its transport ends once the response is made.
+    trace: Trace | None = None
 
 
 def outcome(model: str, version: int, request: ParsedInfer, result: Result) -> InferOutcome:

@@ -35,11 +35,13 @@ from sluice.gateway.response_cache.redis_store import RedisStore
 from sluice.gateway.response_cache.response_cache import ResponseCache
 from sluice.gateway.stream_window import StreamLoad
 from sluice.gateway.trace_file import TraceFile
+from sluice.gateway.trace_spans import GatewaySpans
 from sluice.gateway.tracing import FleetTracing
 from sluice.shared.drain_deadline import DrainDeadline, on_stop_signals
 from sluice.shared.errors import Unavailable
 from sluice.shared.gc_tuning import settle_after_startup
 from sluice.shared.http_server import HttpServer
+from sluice.shared.otel import exporting
 from sluice.shared.redis_client import REDIS_ERRORS, async_client, initialized
 from sluice.shared.registry import Member
 from sluice.shared.supervision import Supervisor
@@ -90,8 +92,12 @@ class GatewayConfig:
 
 def _tracing(config: GatewayConfig, redis: aioredis.Redis) -> FleetTracing:
     """The trace file is the one --trace-config names; each of several gateway processes on
-    the same ports (serve --gateways) writes its own, the process id added to its name."""
-    path = config.trace_config.file
+    the same ports (serve --gateways) writes its own, the process id added to its name. In
+    OpenTelemetry mode, spans go to its exporter instead."""
+    settings = config.trace_config
+    if settings.opentelemetry:
+        return FleetTracing(redis, settings, None, GatewaySpans(exporting(settings, "gateway")))
+    path = settings.file
     if path and config.share_ports:
         path = f"{path}.{os.getpid()}"
     return FleetTracing(redis, config.trace_config, TraceFile(path) if path else None)

@@ -7,7 +7,10 @@ The settings are the command line's (`--trace-config`) under the fleet's, which
 gateway reads it every FOLLOW_INTERVAL_S and at once after its own change. Every `rate`-th
 request of a model is traced while `count` (per gateway) lasts. A traced request carries a
 flag to its worker, which sends its batch's compute timestamps back with the result; the
-gateway adds its own (REQUEST_START, QUEUE_START, REQUEST_END) and writes the trace.
+gateway adds its own (REQUEST_START, QUEUE_START, REQUEST_END) and writes the trace, or in
+OpenTelemetry mode exports its spans (gateway/trace_spans.py), the request carrying its
+model span's traceparent for the worker's. There a client's valid `traceparent` is traced
+whatever the rate and count, as Triton does (`rate=0`: only those).
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ from typing import Any
 
 import orjson
 from sluice.gateway.trace_file import TraceFile, trace_objects
+from sluice.gateway.trace_spans import GatewaySpans, RequestSpans
 from sluice.shared import keys
 from sluice.shared.log_control import FOLLOW_INTERVAL_S
+from sluice.shared.otel import context_of
 from sluice.shared.protocol import Result
 from sluice.shared.redis_client import REDIS_ERRORS
 from sluice.shared.trace_settings import TraceSettings, parse_update
@@ -48,13 +53,28 @@ class Trace:
     version: int = 0
     request_id: str = ""
     stamps: list[tuple[str, int]] = field(default_factory=list)
+    #: OpenTelemetry mode: its spans, open until the request is answered.
+    spans: RequestSpans | None = None
+    #: an ensemble's: the compute timestamps its answer brings are its last step's, which
+    #: Triton's file keeps to that step's own trace.
+    ensemble: bool = False
 
 
 class FleetTracing:
-    def __init__(self, redis: Any, baseline: TraceSettings, file: TraceFile | None) -> None:
+    def __init__(
+        self,
+        redis: Any,
+        baseline: TraceSettings,
+        file: TraceFile | None,
+        spans: GatewaySpans | None = None,
+    ) -> None:
         self.redis = redis
         self.baseline = baseline
         self.file = file
+        #: OpenTelemetry mode's exporter (then `file` is None).
+        self.spans = spans
+        #: whether a request's own trace context is read (OpenTelemetry mode).
+        self.follows_context = spans is not None
         #: the fleet's values: field name -> its values (`global`, `model:<name>`).
         self._fleet: dict[str, dict[str, Any]] = {}
         #: requests of each model since its last trace, and traces taken per setting's scope
@@ -87,32 +107,71 @@ class FleetTracing:
         own = model is not None and "count" in self._fleet.get(_field(model), {})
         return _field(model) if own else GLOBAL
 
-    def begin(self, model: str, at_ns: int) -> Trace | None:
-        """A trace of this request of `model`, if it is to be traced."""
-        if self.file is None:
+    def begin(self, model: str, at_ns: int, traceparent: str | None = None) -> Trace | None:
+        """A trace of this request of `model`, if it is to be traced; `traceparent` is the
+        client's trace context (OpenTelemetry mode)."""
+        if self.file is None and self.spans is None:
             return None
         settings = self.settings(model)
-        if not settings.on:
+        parent = context_of(traceparent) if self.spans is not None else None
+        if parent is not None:
+            if not settings.level:
+                return None
+        elif not self._sampled(model, settings):
             return None
+        trace = Trace(next(self._ids), model, stamps=[("REQUEST_START", at_ns)])
+        if self.spans is not None:
+            trace.spans = self.spans.open(model, at_ns, parent)
+        return trace
+
+    def _sampled(self, model: str, settings: TraceSettings) -> bool:
+        """Every rate-th request of `model`, while the count lasts."""
+        if not settings.on:
+            return False
         self._seen[model] += 1
         if self._seen[model] < settings.rate:
-            return None
+            return False
         self._seen[model] = 0
         if settings.count > 0:
             self._taken[self._scope(model)] += 1
             self._known.clear()
-        return Trace(next(self._ids), model, stamps=[("REQUEST_START", at_ns)])
+        return True
 
-    def end(self, trace: Trace, result: Result | None, at_ns: int) -> None:
-        """The request was answered: its trace goes to the file."""
-        assert self.file is not None
-        if result is not None and result.timestamps is not None:
-            trace.stamps += zip(COMPUTE, result.timestamps, strict=True)
+    def end(
+        self, trace: Trace, result: Result | None, at_ns: int, error: str | None = None
+    ) -> None:
+        """The request was answered (`error`: it failed): its trace goes to the file, or its
+        model's span ends (the root's once the response is made: `responded`)."""
+        timestamps = result.timestamps if result is not None else None
+        if timestamps is not None and not trace.ensemble:
+            trace.stamps += zip(COMPUTE, timestamps, strict=True)
         trace.stamps.append(("REQUEST_END", at_ns))
+        if trace.spans is not None:
+            assert self.spans is not None
+            attributes: dict[str, str | int] = {
+                "triton.model_name": trace.model,
+                "triton.model_version": trace.version,
+                "triton.trace_id": trace.id,
+                "triton.trace_parent_id": 0,
+            }
+            if trace.request_id:
+                attributes["triton.request_id"] = trace.request_id
+            compute_end = timestamps[-1] if timestamps else None
+            self.spans.close(trace.spans, attributes, trace.stamps, compute_end, error)
+            if error is not None:
+                self.spans.respond(trace.spans, at_ns, at_ns, error)
+            return
+        assert self.file is not None
         objects = trace_objects(
             trace.id, trace.model, trace.version, trace.request_id, trace.stamps
         )
         self.file.add(objects, self.settings().log_frequency)
+
+    def responded(self, trace: Trace | None, at_ns: int) -> None:
+        """The response to a traced request is made: its root span ends (OpenTelemetry)."""
+        if trace is not None and trace.spans is not None:
+            assert self.spans is not None
+            self.spans.respond(trace.spans, trace.stamps[-1][1], at_ns, None)
 
     # -- the fleet's settings ----------------------------------------------------------------
 
@@ -167,3 +226,5 @@ class FleetTracing:
     def close(self) -> None:
         if self.file is not None:
             self.file.close()
+        if self.spans is not None:
+            self.spans.close_exporter()

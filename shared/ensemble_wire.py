@@ -124,6 +124,9 @@ def step_request(
         parent.parameters,
         cont.at(step).encode(),
         carried,
+        traced=parent.traced,
+        traceparent=parent.traceparent,
+        model_span=parent.traced,
     )
     return keys.request_stream(spec.model, cont.levels[step]), request
 

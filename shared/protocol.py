@@ -40,7 +40,10 @@ CONTINUATION = "sluice_ensemble"
 CARRIED = "sluice_carried"
 #: a request sampled for a trace (Triton's trace extension): the worker sends its batch's
 #: compute timestamps back with the result, under the same name among the result's parameters.
+#: Its value is true, or in OpenTelemetry mode [traceparent, opens a model span].
 TRACED = "sluice_trace"
+#: the longest traceparent taken from an entry (a W3C version-00 one is 55 characters).
+MAX_TRACEPARENT = 128
 
 #: caps on what a header may declare, so a hostile entry cannot make the decoder allocate.
 MAX_HEADER_BYTES = 1 << 20
@@ -90,6 +93,11 @@ class Request:
     carried: list[Tensor] = field(default_factory=list)
     #: sampled for a trace: on the wire as the parameter TRACED, never among those a model sees.
     traced: bool = False
+    #: an OpenTelemetry trace's W3C traceparent: the span the worker's spans go under.
+    traceparent: str | None = None
+    #: the worker opens a span named after its model under `traceparent`, as no gateway did
+    #: (an ensemble step's, a BLS call's); otherwise the gateway's model span is the parent.
+    model_span: bool = False
 
 
 @dataclass(slots=True)
@@ -171,7 +179,8 @@ def _parameters(request: Request) -> dict[str, Any]:
     if request.carried:
         extra[CARRIED] = len(request.carried)
     if request.traced:
-        extra[TRACED] = True
+        tp = request.traceparent
+        extra[TRACED] = True if tp is None else [tp, request.model_span]
     return {**request.parameters, **extra}
 
 
@@ -273,7 +282,7 @@ def decode_requests(fields: Fields) -> list[Request]:
             raise ProtocolError("carried tensors must be a count of the request's tensors")
         kept = inputs[len(inputs) - carried :]
         del inputs[len(inputs) - carried :]
-        traced = params.pop(TRACED, False) is True
+        traced, traceparent, model_span = _trace(params.pop(TRACED, False))
         requests.append(
             Request(
                 rid,
@@ -286,9 +295,25 @@ def decode_requests(fields: Fields) -> list[Request]:
                 continuation,
                 kept,
                 traced,
+                traceparent,
+                model_span,
             )
         )
     return requests
+
+
+def _trace(value: Any) -> tuple[bool, str | None, bool]:
+    """A request's TRACED parameter: traced, its traceparent, whether it opens a model span."""
+    if value is True:
+        return True, None, False
+    if (
+        isinstance(value, list)
+        and len(value) == 2
+        and isinstance(value[0], str)
+        and len(value[0]) <= MAX_TRACEPARENT
+    ):
+        return True, value[0], value[1] is True
+    return False, None, False
 
 
 def decode_results(fields: Fields) -> list[Result]:

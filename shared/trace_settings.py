@@ -9,6 +9,7 @@ or nothing: every key is parsed, then the whole checked, as Triton does.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -18,6 +19,9 @@ MODES = ("triton", "opentelemetry")
 UINT32 = 2**32
 #: the keys an update may carry, as /v2/trace/setting names them.
 KEYS = ("trace_level", "trace_rate", "trace_count", "log_frequency")
+#: OpenTelemetry's exporter settings, as --trace-config opentelemetry,<name>= sets them.
+DEFAULT_URL = "http://localhost:4318/v1/traces"
+BSP_SETTINGS = ("bsp_max_queue_size", "bsp_schedule_delay", "bsp_max_export_batch_size")
 
 
 class TraceSettingsError(Exception):
@@ -38,21 +42,45 @@ class TraceSettings:
     log_frequency: int = 0
     file: str = ""
     mode: str = "triton"
+    #: mode=opentelemetry: where spans go (OTLP over HTTP), the resource's `key=value`s and
+    #: the batch span processor's bounds (queue size, delay in ms, export batch size).
+    url: str = DEFAULT_URL
+    resource: tuple[str, ...] = ()
+    bsp_max_queue_size: int = 2048
+    bsp_schedule_delay: int = 5000
+    bsp_max_export_batch_size: int = 512
 
     @property
     def on(self) -> bool:
         return bool(self.level) and self.count != 0 and self.rate > 0
 
+    @property
+    def opentelemetry(self) -> bool:
+        return self.mode == "opentelemetry"
+
     def to_json(self) -> dict[str, Any]:
-        """As /v2/trace/setting answers: every value a string, the level a list."""
-        return {
+        """As /v2/trace/setting answers: every value a string, the level a list; in
+        OpenTelemetry mode the exporter's settings in place of the file's, in tritonserver
+        2.51's order."""
+        head = {
             "trace_level": sorted(self.level) or ["OFF"],
             "trace_rate": str(self.rate),
             "trace_count": str(self.count),
-            "log_frequency": str(self.log_frequency),
-            "trace_file": self.file,
-            "trace_mode": self.mode,
         }
+        if not self.opentelemetry:
+            return {
+                **head,
+                "log_frequency": str(self.log_frequency),
+                "trace_file": self.file,
+                "trace_mode": self.mode,
+            }
+        exporter = {"trace_mode": self.mode, "url": self.url}
+        exporter["bsp_schedule_delay"] = str(self.bsp_schedule_delay)
+        if self.resource:
+            exporter["resource"] = ",".join(self.resource)
+        exporter["bsp_max_export_batch_size"] = str(self.bsp_max_export_batch_size)
+        exporter["bsp_max_queue_size"] = str(self.bsp_max_queue_size)
+        return {**head, **exporter}
 
     def with_values(self, values: Mapping[str, Any]) -> TraceSettings:
         """These settings with parsed `values` (field name -> value) over them."""
@@ -134,29 +162,65 @@ def parse_trace_config(entries: Iterable[str]) -> TraceSettings:
             raise ValueError(f"--trace-config {entry}: expected [<mode>,]<setting>=<value>")
         if mode and mode not in MODES:
             raise ValueError(f"--trace-config {entry}: unknown mode '{mode}'")
-        if name == "mode":
-            if value not in MODES:
-                raise ValueError(f"--trace-config {entry}: mode must be triton or opentelemetry")
-            settings = dataclasses.replace(settings, mode=value)
-        elif name == "file":
-            settings = dataclasses.replace(settings, file=value)
-        elif name == "level":
-            level = frozenset() if value == "OFF" else settings.level | {value}
-            if value != "OFF" and value not in LEVELS:
-                raise ValueError(f"--trace-config {entry}: level must be OFF, TIMESTAMPS, TENSORS")
-            settings = dataclasses.replace(settings, level=level)
-        elif name in ("rate", "count", "log-frequency"):
-            key = {"rate": "trace_rate", "count": "trace_count"}.get(name, "log_frequency")
-            try:
-                number = _number(key, value)
-            except TraceSettingsError as exc:
-                raise ValueError(f"--trace-config {entry}: {exc}") from None
-            settings = settings.with_values({name.replace("-", "_"): number})
-        else:
-            raise ValueError(f"--trace-config {entry}: unknown setting '{name}'")
-    if settings.mode == "opentelemetry":
-        raise ValueError("--trace-config mode=opentelemetry: not served yet; use mode=triton")
+        try:
+            settings = _setting(settings, name, value)
+        except ValueError as exc:
+            raise ValueError(f"--trace-config {entry}: {exc}") from None
+    if settings.opentelemetry and not _sdk_installed():
+        raise ValueError(
+            "--trace-config mode=opentelemetry needs the OpenTelemetry SDK: "
+            "pip install 'sluice-serve[otel]'"
+        )
     try:
         return settings.checked()
     except TraceSettingsError as exc:
         raise ValueError(f"--trace-config: {exc}") from None
+
+
+def _setting(settings: TraceSettings, name: str, value: str) -> TraceSettings:
+    if name in ("url", "resource", *BSP_SETTINGS):
+        return _exporter_setting(settings, name, value)
+    if name == "mode":
+        if value not in MODES:
+            raise ValueError("mode must be triton or opentelemetry")
+        return dataclasses.replace(settings, mode=value)
+    if name == "file":
+        return dataclasses.replace(settings, file=value)
+    if name == "level":
+        if value != "OFF" and value not in LEVELS:
+            raise ValueError("level must be OFF, TIMESTAMPS, TENSORS")
+        level = frozenset() if value == "OFF" else settings.level | {value}
+        return dataclasses.replace(settings, level=level)
+    if name in ("rate", "count", "log-frequency"):
+        key = {"rate": "trace_rate", "count": "trace_count"}.get(name, "log_frequency")
+        try:
+            number = _number(key, value)
+        except TraceSettingsError as exc:
+            raise ValueError(str(exc)) from None
+        return settings.with_values({name.replace("-", "_"): number})
+    raise ValueError(f"unknown setting '{name}'")
+
+
+def _exporter_setting(settings: TraceSettings, name: str, value: str) -> TraceSettings:
+    """OpenTelemetry's: the OTLP endpoint, a resource attribute, the batch processor's bounds."""
+    if name == "url":
+        return dataclasses.replace(settings, url=value)
+    if name == "resource":
+        if "=" not in value:
+            raise ValueError("expected resource=<key>=<value>")
+        return dataclasses.replace(settings, resource=(*settings.resource, value))
+    try:
+        number = int(value)
+    except ValueError:
+        raise ValueError("expected a number") from None
+    if number < 1:
+        raise ValueError("must be at least 1")
+    bound: dict[str, Any] = {name: number}
+    return dataclasses.replace(settings, **bound)
+
+
+def _sdk_installed() -> bool:
+    try:
+        return importlib.util.find_spec("opentelemetry.exporter.otlp.proto.http") is not None
+    except ModuleNotFoundError:
+        return False

@@ -189,6 +189,26 @@ class ProcessSettings(Settings):
 
 
 @dataclass(frozen=True, kw_only=True)
+class TraceOptions(Settings):
+    """Triton's trace extension: what gateways sample, and where they and workers send it."""
+
+    trace_config: tuple[str, ...] = option(
+        (),
+        help="Triton's trace extension, [<mode>,]<setting>=<value> (repeat to add): "
+        "level=TIMESTAMPS, rate=<every Nth request> (1000), count=<traces> (-1: no limit); "
+        "mode=triton (default) with file=<path> (a JSON array, as Triton's) and "
+        "log-frequency=<traces per file> (0: at stop); mode=opentelemetry with "
+        "url=<OTLP/HTTP endpoint> (http://localhost:4318/v1/traces), resource=<key>=<value> "
+        "and bsp_max_queue_size / bsp_schedule_delay (ms) / bsp_max_export_batch_size. "
+        "Workers need the same OpenTelemetry settings to add their spans. Rate, count and "
+        "level change fleet-wide at run time through /v2/trace/setting.",
+        repeat=True,
+        check=parses(parse_trace_config),
+        shown=" ".join,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
 class IdlePolling(Settings):
     """Both a gateway and a worker poll for a while after work at low load."""
 
@@ -216,7 +236,7 @@ class ModelControl(Settings):
 
 
 @dataclass(frozen=True, kw_only=True)
-class GatewayOptions(ProcessSettings, IdlePolling, ModelControl):
+class GatewayOptions(ProcessSettings, IdlePolling, ModelControl, TraceOptions):
     """A gateway's options but its Redis, which serve may start itself."""
 
     host: str = option("127.0.0.1", help="Address the HTTP ports bind to.")
@@ -339,16 +359,6 @@ class GatewayOptions(ProcessSettings, IdlePolling, ModelControl):
         check=parses(parse_cache_config),
         shown=" ".join,
     )
-    trace_config: tuple[str, ...] = option(
-        (),
-        help="Triton's trace extension, [triton,]<setting>=<value> (repeat to add): "
-        "level=TIMESTAMPS, rate=<every Nth request> (1000), count=<traces> (-1: no limit), "
-        "file=<path> (a JSON array, as Triton's), log-frequency=<traces per file> (0: at "
-        "stop). Changeable fleet-wide at run time through /v2/trace/setting.",
-        repeat=True,
-        check=parses(parse_trace_config),
-        shown=" ".join,
-    )
     share_ports: bool = option(
         False,
         help="Bind the HTTP, gRPC and metrics ports with SO_REUSEPORT, so that several gateway "
@@ -428,7 +438,7 @@ class GatewaySettings(GatewayOptions, RedisPassword):
 
 
 @dataclass(frozen=True, kw_only=True)
-class BatchingOptions(ProcessSettings, IdlePolling, ModelControl):
+class BatchingOptions(ProcessSettings, IdlePolling, ModelControl, TraceOptions):
     """How workers batch and recover, the same for every worker serve starts."""
 
     model_repository: Path = option(
@@ -509,7 +519,12 @@ class WorkerSettings(BatchingOptions, RedisPassword):
     host: str = option("127.0.0.1", help="Address the health port binds to.")
 
     def config(self) -> WorkerConfig:
-        return _built(WorkerConfig, self, recovery=_built(RecoveryPolicy, self))
+        return _built(
+            WorkerConfig,
+            self,
+            recovery=_built(RecoveryPolicy, self),
+            trace_config=parse_trace_config(self.trace_config),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -73,7 +73,9 @@ def test_trace_config_reads_as_tritonserver_takes_it() -> None:
         (["level=LOUD"], "level must be"),
         (["speed=3"], "unknown setting 'speed'"),
         (["rate=often"], "Unable to parse 'trace_rate', got: often"),
-        (["mode=opentelemetry"], "not served yet"),
+        (["opentelemetry,resource=plain"], "expected resource=<key>=<value>"),
+        (["opentelemetry,bsp_max_queue_size=0"], "must be at least 1"),
+        (["jaeger,rate=1"], "unknown mode 'jaeger'"),
         (["rate"], "expected [<mode>,]<setting>=<value>"),
     ],
 )
@@ -129,6 +131,18 @@ def test_a_traced_request_and_its_timestamps_cross_the_wire_out_of_the_models_si
     assert (result.parameters, result.timestamps) == ({"p": 1}, [1, 2, 3, 4])
     (bare,) = decode_results(_wire(encode_results([Result("g:1", timestamps=[1, 2, 3, 4])])))
     assert (bare.parameters, bare.timestamps) == (None, [1, 2, 3, 4])
+
+
+def test_an_opentelemetry_traces_context_crosses_the_wire_out_of_the_models_sight() -> None:
+    context = f"00-{'a' * 32}-{'b' * 16}-01"
+    request = Request("r", 1, 5, "reply", [], None, {"k": 1}, traced=True)
+    request.traceparent, request.model_span = context, True
+    (decoded,) = decode_requests(_wire(encode_requests([request])))
+    assert (decoded.traced, decoded.traceparent, decoded.model_span) == (True, context, True)
+    assert decoded.parameters == {"k": 1}
+    request.traceparent, request.model_span = None, False  # Triton's mode: a flag alone
+    (decoded,) = decode_requests(_wire(encode_requests([request])))
+    assert (decoded.traced, decoded.traceparent, decoded.model_span) == (True, None, False)
 
 
 def test_a_malformed_trace_is_a_protocol_error() -> None:

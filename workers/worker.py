@@ -23,6 +23,7 @@ from sluice.shared.drain_deadline import DrainDeadline, on_stop_signals
 from sluice.shared.gc_tuning import settle_after_startup
 from sluice.shared.log_control import process_control
 from sluice.shared.model_config import ModelSpec
+from sluice.shared.otel import exporting
 from sluice.shared.redis_client import REDIS_ERRORS, async_client, initialized, out_of_memory
 from sluice.shared.registry import (
     HEARTBEAT_INTERVAL_S,
@@ -110,6 +111,9 @@ class Worker:
         self.drain = DrainDeadline(
             config.drain_timeout_s, f"worker {self.id}", lambda: _in_hand(self.queues)
         )
+        trace = config.trace_config
+        #: OpenTelemetry mode: the exporter of this worker's spans of traced requests.
+        self.exporting = exporting(trace, "worker") if trace.opentelemetry else None
 
     @property
     def explicit(self) -> bool:
@@ -143,6 +147,7 @@ class Worker:
             self.config.idle_poll_us,
             self.config.batch_delay,
             self.config.early_run,
+            self.exporting,
         )
         if self._stopped.is_set():  # loaded while stopping: it only finishes
             queue.stop()
@@ -337,6 +342,8 @@ class Worker:
             await self.redis.aclose()
             for q in self.queues:
                 await q.reader.aclose()
+            if self.exporting is not None:
+                await asyncio.to_thread(self.exporting.close)  # its last spans go out
 
 
 def _served(manager: ModelManager | None) -> list[tuple[str, dict[str, Any], list[int]]]:

@@ -9,11 +9,12 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sluice.shared.batch_delay import BatchDelay
 from sluice.shared.repository_control import ControlMode
+from sluice.shared.trace_settings import TraceSettings
 from sluice.workers.recovery.recovery import RecoveryPolicy
 
 
@@ -45,6 +46,8 @@ class WorkerConfig:
     repository_poll_secs: float
     #: what this worker costs per hour, exported for the dashboards' cost panel (None: not)
     price_per_hour: float | None = None
+    #: Triton's trace settings (--trace-config): in OpenTelemetry mode, where spans go.
+    trace_config: TraceSettings = field(default_factory=TraceSettings)
     worker_id: str = ""
     block_ms: int = 1000
 

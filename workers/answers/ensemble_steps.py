@@ -44,9 +44,15 @@ class Onward:
         self.now_ns = time.time_ns()
 
     def route(
-        self, parent: Request, cont: Continuation, consumer: int, tensors: dict[str, Tensor]
+        self,
+        parent: Request,
+        cont: Continuation,
+        consumer: int,
+        tensors: dict[str, Tensor],
+        timestamps: list[int] | None = None,
     ) -> None:
-        """Send `consumer` (a step, or the answer) its tensors."""
+        """Send `consumer` (a step, or the answer) its tensors; a traced answer carries the
+        last step's compute `timestamps` to the gateway."""
         plan = cont.plan
         missing = [t for t in plan.needs(consumer, cont.requested) if t not in tensors]
         if missing:
@@ -54,7 +60,9 @@ class Onward:
             error = (MISSING_OUTPUT, f"model '{step}' did not return '{missing[0]}'")
             self.answers[cont.reply_to].append(failure(parent.id, plan, error))
         elif consumer == plan.final:
-            self.answers[cont.reply_to].append(answer(parent.id, cont, tensors))
+            answered = answer(parent.id, cont, tensors)
+            answered.timestamps = timestamps
+            self.answers[cont.reply_to].append(answered)
         else:
             stream, request = step_request(parent, cont, consumer, tensors, self.now_ns)
             self.requests[stream].append(request)
@@ -88,7 +96,7 @@ async def continue_steps(
 ) -> list[Outgoing]:
     """The commands that carry `finished` steps on (to send before their ack)."""
     onward = Onward()
-    joins: list[tuple[Request, Continuation]] = []
+    joins: list[tuple[Request, Continuation, list[int] | None]] = []
     join_calls: list[Command] = []
     for request, result in finished:
         assert request.continuation is not None
@@ -98,19 +106,19 @@ async def continue_steps(
             continue
         tensors = produced(request, cont, result.outputs)
         for consumer in direct_consumers(cont, cont.step):
-            onward.route(request, cont, consumer, tensors)
+            onward.route(request, cont, consumer, tensors, result.timestamps)
         call = join_command(request.id, cont, cont.step, tensors)
         if call is not None:
-            joins.append((request, cont))
+            joins.append((request, cont, result.timestamps))
             join_calls.append(call)
     if join_calls:
         replies = await wire.execute(*join_calls, raise_on_error=False)
-        for (request, cont), reply in zip(joins, replies, strict=True):
+        for (request, cont, stamps), reply in zip(joins, replies, strict=True):
             if isinstance(reply, Exception):
                 if not out_of_memory(reply):
                     raise reply
                 onward.answers[cont.reply_to] += refused_answers([request.id])
                 continue
             for consumer, tensors in ready_steps(cont, reply):
-                onward.route(request, cont, consumer, tensors)
+                onward.route(request, cont, consumer, tensors, stamps)
     return onward.commands(reply_maxlen)

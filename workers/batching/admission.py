@@ -94,6 +94,8 @@ class Admission:
         rejected = []
         for request in requests:
             item = Queued(request, stream, entry_id, Pending(None, 1, 0), level, next(self._seq))
+            if request.traced:
+                item.read_ns = now_ns
             if request.id in self._cancelled:
                 del self._cancelled[request.id]
                 self.answering.spawn(self.answering.drop_cancelled(item))

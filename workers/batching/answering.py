@@ -23,6 +23,7 @@ from sluice.workers.answers.streamed import ResponseStream
 from sluice.workers.batching.early_run import Early
 from sluice.workers.batching.pending import Queued
 from sluice.workers.batching.queue_state import Launch, QueueState
+from sluice.workers.batching.trace_spans import TracedRequest, WorkerSpans
 from sluice.workers.instances.lanes import Instances
 from sluice.workers.instances.model_instance import BatchOutputs
 
@@ -52,6 +53,8 @@ class Answering:
         #: sees a batch's results before they are published (the sequence loop's: it keeps the
         #: implicit state a model returned, which is never the client's).
         self.results_hook: Callable[[list[Result]], Awaitable[None]] | None = None
+        #: OpenTelemetry mode: the spans of the traced requests answered here.
+        self.spans: WorkerSpans | None = None
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -126,7 +129,8 @@ class Answering:
         stats.null_rows = sum(q.pending.batch_size for q in launch.batch if q.filler)
         turn = self._next_turn() if self.in_order else None
         once = _Once(ran)
-        answer = self._answer(launch, requests, sizes, stats, running, once, turn)
+        traced = self.spans.opened(launch.batch) if self.spans is not None else None
+        answer = self._answer(launch, requests, sizes, stats, running, once, turn, traced)
         # an ordinary model's batch needs neither callback nor turn: no wrapper on its path
         self.spawn(answer if ran is None and turn is None else _then(answer, once, turn))
 
@@ -144,9 +148,11 @@ class Answering:
         running: asyncio.Future[BatchOutputs],
         ran: _Once,
         turn: _Turn | None,
+        traced: list[TracedRequest] | None = None,
     ) -> None:
         lane, inline = launch.lane, launch.inline
         results = await self.instances.run_isolating(lane, requests, sizes, stats, running)
+        ran_ns = time.time_ns() if traced else 0
         if any(r.traced for r in requests):
             _stamp(requests, results, stats.compute_timestamps())
         items: Sequence[Queued] = launch.batch
@@ -182,6 +188,11 @@ class Answering:
             if turn is not None:  # the loop writes held statistics once nothing runs
                 self.state.wake.set()
         self.state.results_published()
+        if traced:
+            assert self.spans is not None
+            members = [q.request for q in launch.batch if not q.filler]
+            compute = stats.compute_timestamps()
+            self.spans.answered(traced, members, sum(sizes), compute, ran_ns, time.time_ns())
 
 
 class _Once:

@@ -20,6 +20,7 @@ from sluice.shared import keys
 from sluice.shared.batch_delay import BatchDelay
 from sluice.shared.idle_poll import DEFAULT_WINDOW_US, IdlePoll
 from sluice.shared.model_config import ModelSpec
+from sluice.shared.otel import Exporting
 from sluice.shared.supervision import Supervisor
 from sluice.workers.answers.publisher import Publisher
 from sluice.workers.answers.streamed import ResponseStream
@@ -30,6 +31,7 @@ from sluice.workers.batching.batcher import BatchRules
 from sluice.workers.batching.early_run import EarlyRuns
 from sluice.workers.batching.queue_state import QueueState
 from sluice.workers.batching.reader import StreamReader
+from sluice.workers.batching.trace_spans import WorkerSpans
 from sluice.workers.generation.inflight_loop import InflightLoop
 from sluice.workers.instances.lanes import Instances
 from sluice.workers.instances.model_instance import Capabilities, ModelInstance
@@ -67,6 +69,7 @@ class ModelQueue:
         idle_poll_us: int = DEFAULT_WINDOW_US,
         batch_delay: BatchDelay = "fixed",
         early_run: bool = True,
+        exporting: Exporting | None = None,
     ) -> None:
         self.spec = spec
         #: this queue's name in the streams' consumer group.
@@ -100,6 +103,8 @@ class ModelQueue:
         self.answering = Answering(
             publisher, self.instances, self.state, self.idle_poll, self.responses
         )
+        if exporting is not None:  # --trace-config mode=opentelemetry
+            self.answering.spans = WorkerSpans(exporting, spec.name)
         self.admission = Admission(spec, streams, self.instances, self.state, self.answering)
         self.reading = StreamReader(
             spec.name, redis, reader, consumer, block_ms, self.state, self.admission, self.answering

@@ -32,6 +32,8 @@ class Queued:
     #: a null request of a sequence batch (an empty slot's, workers/sequences/): it runs with
     #: the batch and its answer is dropped.
     filler: bool = False
+    #: when a traced request was read from its stream (wall-clock ns; 0: not traced).
+    read_ns: int = 0
 
     def order(self) -> tuple[int, bool, int]:
         return (self.level, self.delayed, self.seq)

@@ -75,6 +75,8 @@ class BlsCall:
     outputs: tuple[str, ...] | None
     parameters: dict[str, Any] = field(default_factory=dict)
     wait_s: float = DEFAULT_WAIT_S
+    #: the calling request's trace context (`trace=request.trace()`): the call joins it.
+    traceparent: str | None = None
 
 
 class StreamedResults:
@@ -260,6 +262,9 @@ class BlsClient:
             call.inputs,
             call.outputs,
             call.parameters,
+            traced=call.traceparent is not None,
+            traceparent=call.traceparent,
+            model_span=True,
         )
         answer: asyncio.Future[Result] = self._loop.create_future()
         self._waiting[request_id] = answer

@@ -87,6 +87,20 @@ class InferenceResponse:
         return self._parameters
 
 
+class InferenceTrace:
+    """A request's trace, as Triton's `request.trace()`: passed to a BLS request
+    (`trace=request.trace()`), the call's spans join the request's trace (OpenTelemetry)."""
+
+    def __init__(self, traceparent: str | None = None) -> None:
+        self.traceparent = traceparent
+
+    def get_context(self) -> str | None:
+        """The W3C trace context as Triton gives it: JSON with a `traceparent`, or None."""
+        if self.traceparent is None:
+            return None
+        return orjson.dumps({"traceparent": self.traceparent}).decode()
+
+
 class InferenceRequest:
     """A request: the server's, handed to `execute`, or a model's own for BLS."""
 
@@ -114,6 +128,7 @@ class InferenceRequest:
         self._flags = flags
         self._timeout = timeout
         self._parameters = orjson.dumps(_parameter_values(parameters)).decode()
+        self._trace = trace if isinstance(trace, InferenceTrace) else InferenceTrace()
         self._sender: Any = None
         #: an iterative model's request may be rescheduled; what its model last asked for.
         self.reschedulable = False
@@ -140,6 +155,8 @@ class InferenceRequest:
         )
         made._parameters = orjson.dumps(custom).decode() if custom else "{}"
         made._sender = sender
+        if request.traceparent is not None:
+            made._trace = InferenceTrace(request.traceparent)
         return made
 
     def inputs(self) -> list[Tensor]:
@@ -191,8 +208,8 @@ class InferenceRequest:
             )
         return self._sender
 
-    def trace(self) -> None:
-        return None
+    def trace(self) -> InferenceTrace:
+        return self._trace
 
     # -- BLS ---------------------------------------------------------------------------------
 
@@ -216,6 +233,7 @@ class InferenceRequest:
             tuple(self._outputs) if self._outputs else None,
             params,
             self._timeout / 1e6 if self._timeout else bls.DEFAULT_WAIT_S,
+            self._trace.traceparent,
         )
 
     def exec(self, decoupled: bool = False) -> InferenceResponse | ResponseIterator:
