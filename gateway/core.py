@@ -302,6 +302,7 @@ class GatewayCore:
         try:
             prepared = self.prepare(view, version, infer, trace)
             trace.version, trace.request_id = prepared.version, prepared.request.id or ""
+            trace.inputs = prepared.request.inputs
             answered = await self._result(view, prepared, client_gone, trace)
             served = outcome(view.name, prepared.version, prepared.request, answered)
             served.trace = trace

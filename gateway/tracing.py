@@ -20,17 +20,17 @@ import itertools
 import logging
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from sluice.gateway.trace_file import TraceFile, trace_objects
+from sluice.gateway.trace_file import TraceFile, tensor_objects, trace_objects
 from sluice.gateway.trace_spans import GatewaySpans, RequestSpans
 from sluice.shared import keys
 from sluice.shared.log_control import FOLLOW_INTERVAL_S
 from sluice.shared.otel import context_of
-from sluice.shared.protocol import Result
+from sluice.shared.protocol import Result, Tensor
 from sluice.shared.redis_client import REDIS_ERRORS
 from sluice.shared.trace_settings import TraceSettings, parse_update
 
@@ -58,6 +58,8 @@ class Trace:
     #: an ensemble's: the compute timestamps its answer brings are its last step's, which
     #: Triton's file keeps to that step's own trace.
     ensemble: bool = False
+    #: the request's inputs, for level TENSORS.
+    inputs: Sequence[Tensor] = ()
 
 
 class FleetTracing:
@@ -162,10 +164,17 @@ class FleetTracing:
                 self.spans.respond(trace.spans, at_ns, at_ns, error)
             return
         assert self.file is not None
+        tensors: list[dict[str, Any]] = []
+        size = 0
+        if "TENSORS" in self.settings(trace.model).level:
+            outputs = result.outputs if result is not None and result.error is None else ()
+            tensors, size = tensor_objects(trace.id, "TENSOR_QUEUE_INPUT", trace.inputs)
+            produced, more = tensor_objects(trace.id, "TENSOR_BACKEND_OUTPUT", outputs)
+            tensors, size = tensors + produced, size + more
         objects = trace_objects(
-            trace.id, trace.model, trace.version, trace.request_id, trace.stamps
+            trace.id, trace.model, trace.version, trace.request_id, trace.stamps, tensors
         )
-        self.file.add(objects, self.settings().log_frequency)
+        self.file.add(objects, self.settings().log_frequency, size)
 
     def responded(self, trace: Trace | None, at_ns: int) -> None:
         """The response to a traced request is made: its root span ends (OpenTelemetry)."""

@@ -80,6 +80,15 @@ def _source_file_names() -> set[str]:
     }
 
 
+def _names_a_module(name: str) -> bool:
+    """Whether a dotted `sluice.…` name starts with one of sluice's modules (`sluice.role`,
+    a span attribute, does not)."""
+    top = name.split(".")[1]
+    return top in ("gateway", "shared", "workers") or any(
+        (ROOT / "sluice" / candidate).exists() for candidate in (top, f"{top}.py")
+    )
+
+
 def _resolves(name: str) -> bool:
     """Whether a dotted `sluice.…` name is a module, or an attribute of one."""
     parts = name.split(".")
@@ -120,7 +129,7 @@ def _missing(word: str, source_files: set[str]) -> bool:
     """Whether a word in backticks names a path, module or source file the repository lacks."""
     if _REPO_PATH.match(word) and not re.search(r"[<>{}*$]", word):
         return not (ROOT / word.rstrip(":,")).exists()
-    if re.fullmatch(r"sluice(\.\w+)+", word):
+    if re.fullmatch(r"sluice(\.\w+)+", word) and _names_a_module(word):
         return not _resolves(word)
     if re.fullmatch(r"\w+\.py", word):
         return word not in source_files

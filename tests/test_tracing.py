@@ -15,13 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 from sluice.gateway.trace_file import TraceFile, trace_objects
 from sluice.gateway.tracing import FleetTracing
+from sluice.shared.datatypes import NUMPY_DTYPE
 from sluice.shared.protocol import (
     ProtocolError,
     Request,
     Result,
+    Tensor,
     decode_requests,
     decode_results,
     encode_requests,
@@ -35,7 +38,7 @@ from sluice.shared.trace_settings import (
 )
 from tritonclient.grpc import service_pb2 as pb
 
-from tests.conftest import start_sluice, stop_service
+from tests.conftest import http_json, start_sluice, stop_service
 
 STAMPS = [
     "REQUEST_START",
@@ -174,6 +177,65 @@ def test_the_file_is_written_every_log_frequency_traces_and_the_rest_at_stop(
     for n in range(1, 4):
         unbounded.add(_trace(n), log_frequency=0)
     assert len(json.loads((tmp_path / "u.json.0").read_text())) == 4
+    # nor do the tensors' values grow it past its bytes
+    heavy = TraceFile(str(tmp_path / "h.json"), max_held_bytes=100)
+    heavy.add(_trace(1), log_frequency=0, size=60)
+    assert not (tmp_path / "h.json.0").exists()
+    heavy.add(_trace(2), log_frequency=0, size=60)
+    assert len(json.loads((tmp_path / "h.json.0").read_text())) == 4
+
+
+def _tensor(name: str, datatype: str, shape: tuple[int, ...], values: list[Any]) -> Tensor:
+    return Tensor(name, datatype, shape, np.array(values, NUMPY_DTYPE[datatype]).tobytes())
+
+
+def test_level_tensors_writes_inputs_and_outputs_as_tritonserver_does(
+    tmp_path: Path, redis_url: str
+) -> None:
+    async def run() -> None:
+        redis = async_client(redis_url)
+        path = tmp_path / "t.json"
+        entries = [f"file={path}", "level=TIMESTAMPS", "level=TENSORS", "rate=1"]
+        settings = parse_trace_config([*entries, "log-frequency=1"])
+        tracing = FleetTracing(redis, settings, TraceFile(str(path)))
+        trace = tracing.begin("add_sub", 10)
+        assert trace is not None
+        trace.version, trace.request_id = 1, "r1"
+        trace.inputs = [_tensor("INPUT0", "FP32", (1, 4), [1, 2, 3, 4.5])]
+        trace.stamps.append(("QUEUE_START", 11))
+        outputs = [
+            _tensor("OUTPUT0", "FP32", (1, 4), [2, 4, 6, 8.5]),
+            _tensor("REQUESTS", "INT32", (1, 1), [1]),
+        ]
+        tracing.end(trace, Result("x", outputs, timestamps=[12, 13, 14, 15]), 16)
+        await redis.aclose()
+
+    asyncio.run(run())
+    objects = json.loads((tmp_path / "t.json.0").read_text())
+    # tritonserver 2.51's file for this add_sub request (its HTTP_* stamps aside)
+    assert [o.get("activity") or o.get("timestamps", [{}])[0].get("name") for o in objects] == [
+        None,
+        "REQUEST_START",
+        "QUEUE_START",
+        "TENSOR_QUEUE_INPUT",
+        "TENSOR_BACKEND_OUTPUT",
+        "TENSOR_BACKEND_OUTPUT",
+        *STAMPS[2:],
+    ]
+    assert objects[0] == {"id": 1, "model_name": "add_sub", "model_version": 1, "request_id": "r1"}
+    assert objects[3]["tensor"] == {
+        "name": "INPUT0",
+        "data": "1,2,3,4.5",
+        "shape": "1,4",
+        "dtype": "FP32",
+    }
+    assert objects[4]["tensor"]["data"] == "2,4,6,8.5"
+    assert objects[5]["tensor"] == {
+        "name": "REQUESTS",
+        "data": "1",
+        "shape": "1,1",
+        "dtype": "INT32",
+    }
 
 
 def test_every_rateth_request_is_traced_while_the_count_lasts(redis_url: str) -> None:
@@ -196,12 +258,7 @@ def test_every_rateth_request_is_traced_while_the_count_lasts(redis_url: str) ->
 
 
 def _trace_setting(address: str, path: str = "", body: bytes | None = None) -> Any:
-    request = urllib.request.Request(f"http://{address}/v2{path}/trace/setting", data=body)
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.load(response)
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.load(exc)
+    return http_json(f"http://{address}/v2{path}/trace/setting", body)
 
 
 def _infer(address: str, request_id: str) -> None:
