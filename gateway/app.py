@@ -126,6 +126,22 @@ def _wait_s(query: str) -> float:
     return 0.0
 
 
+class _UnparsedSettings(Exception):
+    """A settings body that is not JSON: Triton answers 500 with the parser's words."""
+
+    def response(self) -> HttpResponse:
+        return json_response({"error": f"failed to parse the request JSON buffer: {self}"}, 500)
+
+
+def _settings_changes(request: HttpRequest) -> dict[str, Any]:
+    """A /v2/logging or trace setting update's keys (a body that is not an object: none)."""
+    try:
+        changes = orjson.loads(request.body)
+    except orjson.JSONDecodeError as exc:
+        raise _UnparsedSettings(str(exc)) from None
+    return changes if isinstance(changes, dict) else {}
+
+
 def _json_body(request: HttpRequest) -> dict[str, Any]:
     """An optional JSON object body (empty: {})."""
     if not request.body.strip():
@@ -299,12 +315,10 @@ class GatewayApp:
         """Triton's answers: a body that is no JSON is a 500, one that is no object changes
         nothing; a refused key answers its status after the keys before it took effect."""
         try:
-            changes = orjson.loads(request.body)
-        except orjson.JSONDecodeError as exc:
-            return json_response({"error": f"failed to parse the request JSON buffer: {exc}"}, 500)
-        settings, refused = await self.core.logging.update(
-            changes if isinstance(changes, dict) else {}
-        )
+            changes = _settings_changes(request)
+        except _UnparsedSettings as exc:
+            return exc.response()
+        settings, refused = await self.core.logging.update(changes)
         if refused is not None:
             return json_response({"error": str(refused)}, LOG_REFUSAL_STATUS[refused.kind])
         return json_response(settings.to_json())
@@ -319,11 +333,9 @@ class GatewayApp:
             await tracing.refresh()
             return json_response(tracing.settings(model).to_json())
         try:
-            changes = orjson.loads(request.body)
-        except orjson.JSONDecodeError as exc:
-            return json_response({"error": f"failed to parse the request JSON buffer: {exc}"}, 500)
-        try:
-            settings = await tracing.update(model, changes if isinstance(changes, dict) else {})
+            settings = await tracing.update(model, _settings_changes(request))
+        except _UnparsedSettings as exc:
+            return exc.response()
         except TraceSettingsError as exc:
             return json_response({"error": str(exc)}, exc.status)
         return json_response(settings.to_json())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -10,9 +11,12 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import gevent
 import pytest
@@ -83,6 +87,16 @@ def wait_in_hub(condition: Callable[[], bool], what: str, timeout_s: float = 120
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         gevent.sleep(0.01)
+
+
+def http_json(url: str, body: bytes | None = None) -> tuple[int, Any]:
+    """GET `url` (POST `body`): the status and the JSON answered, an error's too."""
+    request = urllib.request.Request(url, data=body)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.load(exc)
 
 
 def free_port() -> int:

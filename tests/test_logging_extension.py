@@ -9,10 +9,7 @@ UNIMPLEMENTED and INVALID_ARGUMENT).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +21,7 @@ from sluice.shared.log_settings import LogSettings, LogSettingsError
 from sluice.shared.redis_client import async_client
 from tritonclient.grpc import service_pb2 as pb
 
-from tests.conftest import start_sluice, stop_service
+from tests.conftest import http_json, start_sluice, stop_service
 
 DEFAULTS = {
     "log_file": "",
@@ -150,12 +147,7 @@ def test_a_process_follows_the_fleets_settings(redis_url: str) -> None:
 
 
 def _http(address: str, body: bytes | None = None) -> tuple[int, dict[str, Any]]:
-    request = urllib.request.Request(f"http://{address}/v2/logging", data=body)
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.load(response)
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.load(exc)
+    return http_json(f"http://{address}/v2/logging", body)
 
 
 def _grpc(address: str, **settings: pb.LogSettingsRequest.SettingValue) -> Any:

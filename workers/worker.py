@@ -40,6 +40,7 @@ from sluice.shared.repository_control import (
     decode_all,
     read_desired,
 )
+from sluice.shared.supervision import Supervisor
 from sluice.shared.tasks import stop_tasks
 from sluice.shared.when_full import past_maxmemory
 from sluice.workers.backends import complete_config
@@ -111,6 +112,9 @@ class Worker:
         self.drain = DrainDeadline(
             config.drain_timeout_s, f"worker {self.id}", lambda: _in_hand(self.queues)
         )
+        #: the heartbeat, the cancellation listener, the log-settings follower and the
+        #: repository poll: each run again after a backoff should it fail.
+        self.helpers = Supervisor()
         trace = config.trace_config
         #: OpenTelemetry mode: the exporter of this worker's spans of traced requests.
         self.exporting = exporting(trace, "worker") if trace.opentelemetry else None
@@ -274,10 +278,10 @@ class Worker:
 
     def ready(self) -> bool:
         """Serving (some model loaded, or none needed: explicit and poll modes), Redis reached,
-        and no queue's read or recovery loop down after a failure."""
+        and no queue's read or recovery loop, nor a helper loop, down after a failure."""
         queues = self.queues
         serving = bool(queues) or self.config.model_control_mode != "none"
-        return serving and self.redis_ok and all(q.up for q in queues)
+        return serving and self.redis_ok and self.helpers.up and all(q.up for q in queues)
 
     async def _startup_models(
         self, manager: ModelManager
@@ -317,10 +321,12 @@ class Worker:
         settle_after_startup()
         on_stop_signals(self.drain, asyncio.get_running_loop(), self.stop)
         self.sampler.start()
-        helpers = [asyncio.create_task(self._heartbeat()), asyncio.create_task(self._listen())]
-        helpers.append(asyncio.create_task(process_control().follow(self.redis)))
+        helpers = self.helpers
+        helpers.start("heartbeat", self._heartbeat)
+        helpers.start("cancellations", self._listen)
+        helpers.start("log-settings", lambda: process_control().follow(self.redis))
         if self.config.model_control_mode == "poll":
-            helpers.append(asyncio.create_task(manager.poll(self.config.repository_poll_secs)))
+            helpers.start("repository-poll", lambda: manager.poll(self.config.repository_poll_secs))
         stopped = asyncio.create_task(self._until_stopped())
         try:
             if not self.queues and self.config.model_control_mode == "none":
@@ -331,7 +337,8 @@ class Worker:
                 served.failed.result()  # a queue failed: exit with its error, as before
             await manager.wait_stopped()
         finally:
-            await stop_tasks([*helpers, stopped])
+            await helpers.stop()
+            await stop_tasks([stopped])
             self.sampler.stop()
             if health is not None:
                 await health.shutdown(HEALTH_SHUTDOWN_S)
