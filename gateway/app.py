@@ -411,28 +411,33 @@ class GatewayApp:
         shared_memory = self.core.shared_memory
         infer = _rest_infer(request)
         infer.shared_memory = shared_memory.read
-        tracing = self.core.tracing
-        context = request.headers.get(b"traceparent") if tracing.follows_context else None
         outcome = await self.core.infer(
             *(params["model"], params.get("version"), infer, request.disconnected),
-            traceparent=context.decode("latin-1") if context else None,
+            traceparent=self._traceparent(request),
         )
         shared_memory.write_outputs(outcome.request.shm_outputs, outcome.outputs)
         response = infer_response(outcome)
         response.compressible = True  # Triton compresses infer responses alone
         if outcome.trace is not None:
-            tracing.responded(outcome.trace, time.time_ns())
+            self.core.tracing.responded(outcome.trace, time.time_ns())
         return response
 
     async def _generate(self, request: HttpRequest, params: Params) -> HttpResponse:
-        infer = _generate_infer(request)
-        version = params.get("version")
-        return await generate(self.core, params["model"], version, infer, request.disconnected)
+        infer, version = _generate_infer(request), params.get("version")
+        gone, context = request.disconnected, self._traceparent(request)
+        return await generate(self.core, params["model"], version, infer, gone, context)
 
     async def _generate_stream(self, request: HttpRequest, params: Params) -> HttpResponse:
         infer, version = _generate_infer(request), params.get("version")
-        gone = request.disconnected
-        return await generate_stream(self.core, params["model"], version, infer, gone)
+        gone, context = request.disconnected, self._traceparent(request)
+        return await generate_stream(self.core, params["model"], version, infer, gone, context)
+
+    def _traceparent(self, request: HttpRequest) -> str | None:
+        """The client's trace context (read only when traces follow one)."""
+        if not self.core.tracing.follows_context:
+            return None
+        context = request.headers.get(b"traceparent")
+        return context.decode("latin-1") if context else None
 
     async def _model_metadata(self, request: HttpRequest, params: Params) -> HttpResponse:
         return json_response(await self.core.model_metadata(params["model"], params.get("version")))

@@ -349,10 +349,7 @@ class GatewayCore:
             )
         request = _new_request(self.dispatcher, prepared)
         if trace is not None:
-            request.traced = True
-            if trace.spans is not None:
-                request.traceparent = trace.spans.traceparent
-            trace.stamps.append(("QUEUE_START", request.enqueue_ns))
+            _trace_request(trace, request)
 
         def cancel(_: object) -> None:
             self.dispatcher.cancel(view.name, request.id)
@@ -373,26 +370,69 @@ class GatewayCore:
         version: str | None,
         infer: InferInput,
         client_gone: asyncio.Future[None] | None = None,
+        traceparent: str | None = None,
     ) -> AsyncGenerator[StreamedResponse, None]:
         """Check the request (what fails here raises at once), then its responses in order:
         a decoupled model's zero or more, any other model's one. The request is queued as
         the iteration starts, so requests whose iterations start in order are queued in
         order (a gRPC stream's, some of one sequence). `client_gone` resolving, or the
-        caller leaving the iteration early, cancels the request."""
+        caller leaving the iteration early, cancels the request. A traced request's trace
+        (`traceparent`: the client's context) ends with its last response."""
         view = await self.view(model, version)
-        prepared = self.prepare(view, version, infer)
+        trace = self.tracing.begin(view.name, time.time_ns(), traceparent)
+        try:
+            prepared = self.prepare(view, version, infer, trace)
+        except BaseException as exc:
+            if trace is not None:
+                self.tracing.end(trace, None, time.time_ns(), str(exc) or type(exc).__name__)
+            raise
         if view.is_ensemble or (self.cache is not None and self.cache.serves(view)):
-            return self._one_response(view, prepared, client_gone)
-        timeout_s, timeout_message = _time_limit(prepared.parameters, self.limits.request_timeout_s)
-        request = _new_request(self.dispatcher, prepared)
-        results = self.dispatcher.stream(prepared.route, request, timeout_s, timeout_message)
-        return self._responses(view.name, prepared, request, results, client_gone)
+            answers = self._one_response(view, prepared, client_gone, trace)
+        else:
+            limit_s, timeout_message = _time_limit(
+                prepared.parameters, self.limits.request_timeout_s
+            )
+            request = _new_request(self.dispatcher, prepared)
+            if trace is not None:
+                _trace_request(trace, request)
+            results = self.dispatcher.stream(prepared.route, request, limit_s, timeout_message)
+            answers = self._responses(view.name, prepared, request, results, client_gone)
+        if trace is None:
+            return answers
+        trace.version, trace.request_id = prepared.version, prepared.request.id or ""
+        trace.inputs = prepared.request.inputs
+        return self._traced(answers, trace)
+
+    async def _traced(
+        self, answers: AsyncGenerator[StreamedResponse, None], trace: Trace
+    ) -> AsyncGenerator[StreamedResponse, None]:
+        """A streamed request's responses; its trace ends with the last of them (a caller
+        that leaves early ends it as failed)."""
+        error: str | None = None
+        try:
+            async for answer in answers:
+                if answer.error is not None:
+                    error = str(answer.error)
+                yield answer
+        except BaseException as exc:
+            error = str(exc) or "the stream ended early"
+            raise
+        finally:
+            await answers.aclose()
+            now_ns = time.time_ns()
+            self.tracing.end(trace, None, now_ns, error)
+            if error is None:
+                self.tracing.responded(trace, now_ns)
 
     async def _one_response(
-        self, view: ModelView, prepared: Prepared, client_gone: asyncio.Future[None] | None
+        self,
+        view: ModelView,
+        prepared: Prepared,
+        client_gone: asyncio.Future[None] | None,
+        trace: Trace | None = None,
     ) -> AsyncGenerator[StreamedResponse, None]:
         """An ensemble's or a cached model's response (neither is decoupled)."""
-        result = await self._result(view, prepared, client_gone)
+        result = await self._result(view, prepared, client_gone, trace)
         yield streamed(view.name, prepared.version, prepared.request, result)
 
     async def _responses(
@@ -476,6 +516,14 @@ def _time_limit(params: dict[str, Any], request_timeout_s: float) -> tuple[float
     deadline_s = deadline_us(params) / 1e6
     timeout_s = min(request_timeout_s, deadline_s or request_timeout_s)
     return timeout_s, "Request deadline exceeded" if deadline_s else "Request timeout expired"
+
+
+def _trace_request(trace: Trace, request: Request) -> None:
+    """The request carries its trace to its worker (in OpenTelemetry mode, its context)."""
+    request.traced = True
+    if trace.spans is not None:
+        request.traceparent = trace.spans.traceparent
+    trace.stamps.append(("QUEUE_START", request.enqueue_ns))
 
 
 def _new_request(dispatcher: Dispatcher, prepared: Prepared) -> Request:

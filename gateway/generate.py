@@ -122,11 +122,16 @@ def response_json(answer: StreamedResponse) -> dict[str, Any]:
 
 
 async def generate(
-    core: GatewayCore, model: str, version: str | None, infer: GenerateInfer, gone: Any
+    core: GatewayCore,
+    model: str,
+    version: str | None,
+    infer: GenerateInfer,
+    gone: Any,
+    traceparent: str | None = None,
 ) -> HttpResponse:
     """`/generate`: the one response, or Triton's answers when there is not exactly one
     (HTTP 200 with the error, as Triton 2.51 answers) or it is an error (400)."""
-    answers = await core.stream(model, version, infer, gone)
+    answers = await core.stream(model, version, infer, gone, traceparent)
     responses = []
     async for answer in answers:
         if answer.error is not None:
@@ -139,11 +144,16 @@ async def generate(
 
 
 async def generate_stream(
-    core: GatewayCore, model: str, version: str | None, infer: GenerateInfer, gone: Any
+    core: GatewayCore,
+    model: str,
+    version: str | None,
+    infer: GenerateInfer,
+    gone: Any,
+    traceparent: str | None = None,
 ) -> HttpResponse:
     """`/generate_stream`: each response as an event; 400 (events still) when the first one
     is an error, as Triton answers."""
-    answers = await core.stream(model, version, infer, gone)
+    answers = await core.stream(model, version, infer, gone, traceparent)
     first = None
     try:
         async for answer in answers:

@@ -306,7 +306,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         loop = asyncio.get_running_loop()
         gone: asyncio.Future[None] = loop.create_future()
         window = self._new_window()
-        reader = asyncio.ensure_future(self._read_stream(request_iterator, gone, window))
+        context_trace = _traceparent(context, self.core.tracing)
+        reading = self._read_stream(request_iterator, gone, window, context_trace)
+        reader = asyncio.ensure_future(reading)
         try:
             while (response := await window.get()) is not None:
                 if response is REQUEST_DONE:
@@ -320,11 +322,15 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             window.close()
 
     async def _read_stream(
-        self, request_iterator: Any, gone: asyncio.Future[None], window: StreamWindow
+        self,
+        request_iterator: Any,
+        gone: asyncio.Future[None],
+        window: StreamWindow,
+        traceparent: str | None,
     ) -> None:
         """Start each request as it arrives while the window has room for it, else stop
         reading; once the client is done sending and every request is answered, end the
-        stream."""
+        stream. The stream's trace context (its metadata's) is each request's."""
         running: set[asyncio.Task[None]] = set()
         requests = aiter(request_iterator)
         try:
@@ -342,6 +348,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                         _version(request.model_version),
                         GrpcInfer(request, self.core.shared_memory.read),
                         gone,
+                        traceparent,
                     )
                 except Exception as exc:
                     answers = exc

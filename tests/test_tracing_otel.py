@@ -175,13 +175,23 @@ def test_a_fleets_spans_of_one_request_make_one_trace(
             headers = {"traceparent": f"00-{grpc_trace}-{'4' * 16}-01"}
             answer = client.infer("double", [x], headers=headers).as_numpy("y")
             assert answer.tolist() == [[10.0]]
+        generated = "5" * 32
+        request = urllib.request.Request(
+            f"http://{serve.http_url}/v2/models/double/generate",
+            b'{"x": [6.0]}',
+            {"traceparent": f"00-{generated}-{'6' * 16}-01"},
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            assert orjson.loads(response.read())["y"] == 12.0
 
         def complete(spans: list[Span]) -> bool:
             names = [s.name for s in spans if s.trace_id == CLIENT_TRACE]
             bls = [s.name for s in spans if s.trace_id == bls_trace]
             over_grpc = [s.name for s in spans if s.trace_id == grpc_trace]
+            streamed = [s.name for s in spans if s.trace_id == generated]
             return (
                 "respond" in over_grpc
+                and "respond" in streamed
                 and names.count("publish") == 2
                 and "respond" in names
                 and bls.count("publish") == 2
@@ -193,10 +203,11 @@ def test_a_fleets_spans_of_one_request_make_one_trace(
         stop_service(other)
         stop_service(serve)
     # nothing else traced
-    assert {s.trace_id for s in everything} == {CLIENT_TRACE, bls_trace, grpc_trace}
-    spans = [s for s in everything if s.trace_id == grpc_trace]
-    assert _one(spans, "InferRequest").parent_id == "4" * 16
-    _worker_spans_under(spans, _one(spans, "double"))
+    assert {s.trace_id for s in everything} == {CLIENT_TRACE, bls_trace, grpc_trace, generated}
+    for trace_id, parent in ((grpc_trace, "4" * 16), (generated, "6" * 16)):
+        spans = [s for s in everything if s.trace_id == trace_id]
+        assert _one(spans, "InferRequest").parent_id == parent
+        _worker_spans_under(spans, _one(spans, "double"))
 
     # the ensemble's trace: the client's span is the root's parent
     spans = [s for s in everything if s.trace_id == CLIENT_TRACE]
