@@ -22,7 +22,7 @@ from sluice.gateway.bearer import REFUSAL as BEARER_REFUSAL
 from sluice.gateway.bearer import bearer_matches
 from sluice.gateway.bulk_api import BulkUpload
 from sluice.gateway.core import GatewayCore, GatewayLimits
-from sluice.gateway.generate import GenerateInfer, generate, generate_stream
+from sluice.gateway.generate import Answers, GenerateInfer, generate, generate_stream
 from sluice.gateway.infer_inputs import RestInfer
 from sluice.gateway.infer_results import InferOutcome
 from sluice.gateway.job_operations import JobEvent, JobOperations, JobResponses, JobState
@@ -423,14 +423,15 @@ class GatewayApp:
         return response
 
     async def _generate(self, request: HttpRequest, params: Params) -> HttpResponse:
-        infer, version = _generate_infer(request), params.get("version")
-        gone, context = request.disconnected, self._traceparent(request)
-        return await generate(self.core, params["model"], version, infer, gone, context)
+        return await generate(await self._generated(request, params))
 
     async def _generate_stream(self, request: HttpRequest, params: Params) -> HttpResponse:
+        return await generate_stream(await self._generated(request, params))
+
+    async def _generated(self, request: HttpRequest, params: Params) -> Answers:
         infer, version = _generate_infer(request), params.get("version")
         gone, context = request.disconnected, self._traceparent(request)
-        return await generate_stream(self.core, params["model"], version, infer, gone, context)
+        return await self.core.stream(params["model"], version, infer, gone, context)
 
     def _traceparent(self, request: HttpRequest) -> str | None:
         """The client's trace context (read only when traces follow one)."""

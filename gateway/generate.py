@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from sluice.gateway.core import GatewayCore
 from sluice.gateway.infer_results import StreamedResponse
 from sluice.shared.datatypes import element_count
 from sluice.shared.errors import InvalidInput, SluiceError
@@ -121,17 +120,13 @@ def response_json(answer: StreamedResponse) -> dict[str, Any]:
     return body
 
 
-async def generate(
-    core: GatewayCore,
-    model: str,
-    version: str | None,
-    infer: GenerateInfer,
-    gone: Any,
-    traceparent: str | None = None,
-) -> HttpResponse:
-    """`/generate`: the one response, or Triton's answers when there is not exactly one
-    (HTTP 200 with the error, as Triton 2.51 answers) or it is an error (400)."""
-    answers = await core.stream(model, version, infer, gone, traceparent)
+Answers = AsyncGenerator[StreamedResponse, None]
+
+
+async def generate(answers: Answers) -> HttpResponse:
+    """`/generate` of a request's `answers` (GatewayCore.stream's): the one response, or
+    Triton's answers when there is not exactly one (HTTP 200 with the error, as Triton 2.51
+    answers) or it is an error (400)."""
     responses = []
     async for answer in answers:
         if answer.error is not None:
@@ -143,17 +138,9 @@ async def generate(
     return HttpResponse(200, orjson.dumps(response_json(responses[0])), JSON)
 
 
-async def generate_stream(
-    core: GatewayCore,
-    model: str,
-    version: str | None,
-    infer: GenerateInfer,
-    gone: Any,
-    traceparent: str | None = None,
-) -> HttpResponse:
-    """`/generate_stream`: each response as an event; 400 (events still) when the first one
-    is an error, as Triton answers."""
-    answers = await core.stream(model, version, infer, gone, traceparent)
+async def generate_stream(answers: Answers) -> HttpResponse:
+    """`/generate_stream` of a request's `answers`: each response as an event; 400 (events
+    still) when the first one is an error, as Triton answers."""
     first = None
     try:
         async for answer in answers:
