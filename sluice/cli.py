@@ -145,6 +145,7 @@ def tune(settings: TuneSettings) -> None:
     import sys
     import time
 
+    from sluice.bench.loadgen import BenchError
     from sluice.tune import report
     from sluice.tune.candidates import Candidate
     from sluice.tune.measure import TuneError
@@ -161,7 +162,7 @@ def tune(settings: TuneSettings) -> None:
 
         try:
             tuned = run_tune(settings, on_progress)
-        except (TuneError, ServeFailed) as exc:
+        except (TuneError, ServeFailed, BenchError) as exc:
             raise click.ClickException(str(exc)) from None
     click.echo(
         report.table(
