@@ -347,18 +347,18 @@ class GatewayApp:
         ready = _json_body(request).get("ready", False)
         if not isinstance(ready, bool):
             raise InvalidInput("'ready' must be a boolean")
-        return json_response(await self.core.repository_index(ready_only=ready))
+        return json_response(await self.core.repository.index(ready_only=ready))
 
     async def _load_model(self, request: HttpRequest, params: Params) -> HttpResponse:
         name = params["model"]
         config, files = _load_parameters(_parameters(request))
-        await self.core.load_model(name, config, files or None)
+        await self.core.repository.load_model(name, config, files or None)
         return HttpResponse(200)
 
     async def _unload_model(self, request: HttpRequest, params: Params) -> HttpResponse:
         # Triton 2.51 unloads (200) whatever else the parameter holds: only true is true
         dependents = _parameters(request).get("unload_dependents", False) is True
-        await self.core.unload_model(params["model"], dependents)
+        await self.core.repository.unload_model(params["model"], dependents)
         return HttpResponse(200)
 
     async def _all_statistics(self, request: HttpRequest, params: Params) -> HttpResponse:

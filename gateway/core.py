@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,37 +26,27 @@ from sluice.gateway.infer_results import (
     streamed,
 )
 from sluice.gateway.model_table import ModelTable, ModelView, no_versions
-from sluice.gateway.outage import RETRY_AFTER_S
 from sluice.gateway.outbox import Route
+from sluice.gateway.repository_api import RepositoryControl, refreshed
 from sluice.gateway.response_cache.response_cache import ResponseCache
 from sluice.gateway.restricted_apis import Restrictions
 from sluice.gateway.system_shared_memory import SystemSharedMemory
 from sluice.gateway.tracing import FleetTracing, Trace
 from sluice.shared import keys
 from sluice.shared.bulk import BulkStatus
-from sluice.shared.config_view import ConfigView
 from sluice.shared.errors import (
     InvalidInput,
     ModelNotFound,
     ModelNotReady,
-    Unavailable,
     Unsupported,
 )
 from sluice.shared.fleet import fleet_status
 from sluice.shared.infer_codec import ParsedInfer
 from sluice.shared.log_control import process_control
-from sluice.shared.model_loads import (
-    check_load,
-    failed_to_poll,
-    load_composing,
-    load_fleet_wide,
-    unload_fleet_wide,
-)
 from sluice.shared.partitions import share
 from sluice.shared.protocol import Request, Result
 from sluice.shared.queue_policy import DEADLINE, PRIORITY, TIMEOUT, deadline_us
-from sluice.shared.redis_client import REDIS_ERRORS
-from sluice.shared.repository_control import NOT_EXPLICIT, ControlMode
+from sluice.shared.repository_control import ControlMode
 from sluice.shared.sequence_controls import SEQUENCE_PARAMETERS, check_sequence_request
 from sluice.shared.signature import validate_inputs
 from sluice.shared.trace_settings import TraceSettings
@@ -130,6 +120,8 @@ class GatewayCore:
         self.shared_memory = SystemSharedMemory()
         #: Triton's logging extension, fleet-wide.
         self.logging = FleetLogging(dispatcher.redis, process_control())
+        #: Triton's repository index and model control, fleet-wide.
+        self.repository = RepositoryControl(dispatcher.redis, table, limits)
 
     # -- server and models -------------------------------------------------------------------
 
@@ -146,61 +138,6 @@ class GatewayCore:
         """Triton's answer to a trace setting for a model it does not know."""
         if name not in self.table.models and name not in self.table.repository:
             raise InvalidInput(f"Request for unknown model : {name}")
-
-    # -- repository ------------------------------------------------------------------------
-
-    async def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
-        """Triton's repository index of the fleet (`ready_only`: READY versions only)."""
-        await self._refresh()
-        return metadata.repository_index(self.table.models, self.table.repository, ready_only)
-
-    async def load_model(
-        self, name: str, config_json: str | None = None, files: Mapping[str, bytes] | None = None
-    ) -> None:
-        """Load (or reload) the model on every worker that serves it; returns once it is READY
-        on one, fails with the workers' reasons if none could (see shared/model_loads.py).
-        An ensemble's composing models not ready yet are loaded too, nested ones' as well, as
-        Triton does."""
-        self._explicit_only()
-        check_load(name, config_json, files)
-        await self._refresh()
-        if not files and name not in self.table.repository:
-            raise failed_to_poll(name)
-        timeout_s, most = self.limits.request_timeout_s, self.limits.max_override_models
-        redis = self.dispatcher.redis
-        await load_fleet_wide(redis, name, config_json, files, timeout_s, most)
-        await load_composing(redis, name, self._look, timeout_s, most)
-
-    async def _look(self, name: str) -> tuple[ConfigView | None, bool]:
-        """The model as this gateway serves it once its table is fresh: its config (here at
-        once, as of a load just made) and whether it is ready."""
-        await self._refresh()
-        view = self.table.models.get(name)
-        return (view.config, view.ready) if view is not None else (None, False)
-
-    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
-        """Unload the model fleet-wide; returns at once (Triton's UNLOADING), the workers finish
-        the requests already queued and then report it UNAVAILABLE "unloaded".
-        With `unload_dependents` an ensemble's composing models (nested ones' too) go as well;
-        without, they stay loaded."""
-        self._explicit_only()
-        await self._refresh()
-        if name not in self.table.repository and name not in self.table.models:
-            return  # nothing to unload, as Triton answers
-        redis = self.dispatcher.redis
-        for model in await unload_fleet_wide(redis, name, unload_dependents, self.table.config_of):
-            self.table.withdraw(model)
-
-    def _explicit_only(self) -> None:
-        if self.limits.model_control_mode != "explicit":
-            raise Unavailable(NOT_EXPLICIT)
-
-    async def _refresh(self) -> None:
-        try:
-            await self.table.refresh()
-        except REDIS_ERRORS as exc:
-            message = f"queue unavailable: Redis is unreachable ({exc})"
-            raise Unavailable(message, RETRY_AFTER_S) from None
 
     async def statistics(self, model: str | None, version: str | None) -> dict[str, Any]:
         """Every model's statistics (`model` None), or one model's."""
@@ -230,7 +167,7 @@ class GatewayCore:
                 "(details: stol), version should be an integral value > 0"
             )
         if name not in self.table.models:
-            await self._refresh()  # a model registered since the last refresh
+            await refreshed(self.table)  # a model registered since the last refresh
         return self.table.get(name)
 
     async def model_ready(self, model: str, version: str | None) -> None:

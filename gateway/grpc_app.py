@@ -210,7 +210,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     async def RepositoryIndex(self, request: Any, context: Any) -> Any:
         async def call() -> Any:
-            index = await self.core.repository_index(ready_only=request.ready)
+            index = await self.core.repository.index(ready_only=request.ready)
             entry = pb.RepositoryIndexResponse.ModelIndex
             models = [
                 entry(
@@ -237,7 +237,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                     if not isinstance(value, bytes):
                         raise InvalidInput(f"parameter '{key}' must be bytes (bytes_param)")
                     files[key.removeprefix("file:")] = value
-            await self.core.load_model(request.model_name, config, files or None)
+            await self.core.repository.load_model(request.model_name, config, files or None)
             return pb.RepositoryModelLoadResponse()
 
         return await self._answer(context, call)
@@ -247,7 +247,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             dependents = parameter_values(request.parameters).get("unload_dependents", False)
             if not isinstance(dependents, bool):
                 raise InvalidInput("parameter 'unload_dependents' must be a bool (bool_param)")
-            await self.core.unload_model(request.model_name, unload_dependents=dependents)
+            await self.core.repository.unload_model(
+                request.model_name, unload_dependents=dependents
+            )
             return pb.RepositoryModelUnloadResponse()
 
         return await self._answer(context, call)
