@@ -11,6 +11,7 @@ their clocks agree, as Triton's do.
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
 SERVICE_NAME = "triton-inference-server"
 #: the instrumentation scope Triton's spans carry.
 SCOPE = "triton-server"
+#: how long a stopping process waits for its last spans to be exported.
+CLOSE_WAIT_S = 2.0
 #: a W3C traceparent header (version 00): trace id, parent span id, flags; ids not all zero.
 TRACEPARENT = re.compile(rb"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
 
@@ -40,9 +43,12 @@ class Exporting:
     tracer: Tracer
     provider: TracerProvider
 
-    def close(self) -> None:
-        """Export what is held, then stop (a process's last spans are not lost)."""
-        self.provider.shutdown()
+    def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
+        """Export what is held, then stop (a process's last spans are not lost), waiting at
+        most `wait_s`: a collector that is down must not hold up a process that stops."""
+        closing = threading.Thread(target=self.provider.shutdown, name="otel-close", daemon=True)
+        closing.start()
+        closing.join(wait_s)
 
 
 def exporting(settings: TraceSettings, role: str) -> Exporting:
@@ -63,7 +69,8 @@ def exporting(settings: TraceSettings, role: str) -> Exporting:
         key, _, value = pair.partition("=")
         attributes[key] = value
     url = settings.url if "://" in settings.url else f"http://{settings.url}"
-    provider = TracerProvider(resource=Resource.create(attributes))
+    # closed by Exporting.close, bounded; the SDK's own close at exit would wait out retries
+    provider = TracerProvider(resource=Resource.create(attributes), shutdown_on_exit=False)
     processor = BatchSpanProcessor(
         OTLPSpanExporter(endpoint=url),
         max_queue_size=settings.bsp_max_queue_size,
