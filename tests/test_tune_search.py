@@ -20,7 +20,6 @@ from sluice.tune.search import (
     Outcome,
     Search,
     best,
-    next_candidate,
     run_search,
 )
 
@@ -78,6 +77,24 @@ def test_the_search_finds_the_grids_best_with_far_fewer_measurements() -> None:
     assert len(search.outcomes) < len(everything) / 8
 
 
+def test_a_lucky_measurement_is_measured_again_and_the_climb_goes_on() -> None:
+    lucky = Candidate(32, 1000, 1, "fixed", "none")
+    seen: list[Candidate] = []
+    search = Search(START, AXES, OBJECTIVE)
+
+    async def measure(candidate: Candidate, until: float) -> Outcome:
+        seen.append(candidate)
+        if candidate == lucky and seen.count(lucky) == 1:  # a fluke: twice its real figure
+            return Outcome((Level(8, 2000.0, 5.0, 0),), 10.0)
+        return modelled(candidate)
+
+    asyncio.run(run_search(search, measure, FakeClock(), 1e9, lambda c, o: None))
+    assert seen.count(lucky) == 2
+    assert search.outcomes[lucky] == Outcome(modelled(lucky).levels, 20.0, runs=2)
+    assert best(search.outcomes, OBJECTIVE) == Candidate(16, 500, 2, "adaptive", "none")
+    assert search.outcomes[Candidate(16, 500, 2, "adaptive", "none")].runs == 2
+
+
 def test_the_search_stops_before_a_candidate_would_overrun_the_budget() -> None:
     search, clock = searched(deadline=45.0)
     # each candidate takes 10 s: four fit, a fifth would end at 50 s
@@ -100,16 +117,17 @@ def test_a_resumed_search_measures_only_what_the_first_run_did_not(tmp_path: Pat
     first, _ = searched(deadline=45.0)
     for candidate, outcome in first.outcomes.items():
         state.append(path, "key", candidate, outcome)
-    resumed = Search(START, AXES, OBJECTIVE, state.load(path, "key"))
+    resumed = Search(START, AXES, OBJECTIVE, state.load(path, "key", OBJECTIVE))
     assert resumed.outcomes == first.outcomes
     measured = []
-    candidate = next_candidate(START, AXES, resumed.outcomes, OBJECTIVE)
-    while candidate is not None:
+
+    async def measure(candidate: Candidate, until: float) -> Outcome:
         measured.append(candidate)
-        resumed.outcomes[candidate] = modelled(candidate)
-        candidate = next_candidate(START, AXES, resumed.outcomes, OBJECTIVE)
+        return modelled(candidate)
+
+    asyncio.run(run_search(resumed, measure, FakeClock(), 1e9, lambda c, o: None))
     full, _ = searched(deadline=1e9)
-    assert not set(measured) & set(first.outcomes)
+    assert measured[0] not in first.outcomes  # the climb goes on where the first run stopped
     assert resumed.outcomes == full.outcomes
 
 
@@ -120,9 +138,12 @@ def test_state_of_other_settings_and_torn_lines_are_not_reused(tmp_path: Path) -
     state.append(path, "key", START, outcome)
     with path.open("ab") as file:
         file.write(b'{"key": "key", "candid')
-    assert state.load(path, "other") == {START: outcome}  # an unanswered p99 stays infinite
-    assert state.load(path, "key") == {START: outcome}
-    assert state.load(path, "new") == {}
+    assert state.load(path, "other", OBJECTIVE) == {START: outcome}  # no answer: p99 infinite
+    assert state.load(path, "key", OBJECTIVE) == {START: outcome}
+    assert state.load(path, "new", OBJECTIVE) == {}
+    better = Outcome((Level(1, 50.0, 2.0, 0),), 2.0)
+    state.append(path, "key", START, better)  # measured again: the worse of the two counts
+    assert state.load(path, "key", OBJECTIVE) == {START: Outcome(outcome.levels, 3.0, runs=2)}
     assert state.fingerprint({"p99_ms": 10}) != state.fingerprint({"p99_ms": 20})
 
 

@@ -105,7 +105,7 @@ async def _search(
     start = start_of(base_config)
     key = state_key(settings, base_config)
     path = settings.out_dir / STATE_FILE
-    search = Search(start, axes_for(settings, start), objective, state.load(path, key))
+    search = Search(start, axes_for(settings, start), objective, state.load(path, key, objective))
 
     def on_outcome(candidate: Candidate, outcome: Outcome) -> None:
         state.append(path, key, candidate, outcome)

@@ -4,8 +4,10 @@ The search is coordinate hill-climbing from the model's current config: along ea
 turn it measures the neighbours of the best candidate so far (the adjacent values of an
 ordered axis, every value of an unordered one) and moves while a neighbour scores better;
 it stops after a pass over every axis that moved nothing. It measures a few candidates per
-axis where a grid measures the product of all axes. `next_candidate` is a pure function of
-the outcomes so far, so a resumed run replays the same path from its saved outcomes.
+axis where a grid measures the product of all axes. One measurement can be lucky, so the
+best few are then measured again and each keeps its worse measurement; where that demotes
+the best, the climb goes on from the new one. `next_candidate` is a pure function of the
+outcomes so far, so a resumed run replays the same path from its saved outcomes.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ class Outcome:
 
     levels: tuple[Level, ...]
     seconds: float
+    #: how many times the candidate was measured (this outcome is the worst of them)
+    runs: int = 1
 
     def at_objective(self, objective: Objective) -> Level | None:
         """The level with the most throughput whose p99 meets the objective, error-free."""
@@ -75,17 +79,24 @@ class Axis:
 Outcomes = Mapping[Candidate, Outcome]
 #: passes over every axis at most (a pass that moves nothing ends the search sooner)
 MAX_PASSES = 3
+#: the best this many candidates are measured twice before the search ends
+CONFIRMED = 3
+
+
+def worse(a: Outcome, b: Outcome, objective: Objective) -> Outcome:
+    """Two measurements of one candidate as one: the lower-scoring, counting both runs."""
+    low = min(a, b, key=lambda o: o.score(objective))
+    return Outcome(low.levels, a.seconds + b.seconds, a.runs + b.runs)
 
 
 def best(outcomes: Outcomes, objective: Objective) -> Candidate | None:
     """The measured candidate that scores highest (fewer instances, then smaller batches on a
     tie, for their lower cost in memory)."""
-    if not outcomes:
-        return None
-    return max(
-        outcomes,
-        key=lambda c: (*outcomes[c].score(objective), -c.instances, -c.max_batch_size),
-    )
+    return max(outcomes, key=lambda c: _rank(c, outcomes, objective), default=None)
+
+
+def _rank(c: Candidate, outcomes: Outcomes, objective: Objective) -> tuple[bool, float, int, int]:
+    return (*outcomes[c].score(objective), -c.instances, -c.max_batch_size)
 
 
 def _climb(
@@ -117,8 +128,14 @@ def next_candidate(
             if todo is not None:
                 return todo
         if at == before:
-            return None
-    return None
+            break
+    return _to_confirm(outcomes, objective)
+
+
+def _to_confirm(outcomes: Outcomes, objective: Objective) -> Candidate | None:
+    """The best-ranked of the top candidates measured only once."""
+    ranked = sorted(outcomes, key=lambda c: _rank(c, outcomes, objective), reverse=True)
+    return next((c for c in ranked[:CONFIRMED] if outcomes[c].runs < 2), None)
 
 
 Measure = Callable[[Candidate, float], Awaitable[Outcome | None]]
@@ -144,6 +161,7 @@ async def run_search(
 ) -> None:
     """Measure candidates until the search ends or the next would not finish by `deadline`
     (a clock() time), judged by the mean time this run's candidates took so far.
+    `on_outcome` gets each measurement as taken (a second one of a candidate too).
     `measure(candidate, deadline)` returns None when not even one level fits."""
     spent: list[float] = []
     while candidate := next_candidate(search.start, search.axes, search.outcomes, search.objective):
@@ -155,5 +173,7 @@ async def run_search(
         if outcome is None:
             return
         spent.append(clock() - began)
-        search.outcomes[candidate] = outcome
         on_outcome(candidate, outcome)
+        if candidate in search.outcomes:
+            outcome = worse(search.outcomes[candidate], outcome, search.objective)
+        search.outcomes[candidate] = outcome

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from sluice.tune.candidates import Candidate
-from sluice.tune.search import Level, Outcome
+from sluice.tune.search import Level, Objective, Outcome, worse
 
 
 def fingerprint(comparable: dict[str, Any]) -> str:
@@ -21,8 +21,9 @@ def fingerprint(comparable: dict[str, Any]) -> str:
     return hashlib.sha256(orjson.dumps(comparable, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
 
-def load(path: Path, key: str) -> dict[Candidate, Outcome]:
-    """The outcomes an earlier run with the same key recorded (a torn last line is skipped)."""
+def load(path: Path, key: str, objective: Objective) -> dict[Candidate, Outcome]:
+    """The outcomes an earlier run with the same key recorded, a candidate measured twice as
+    its worse measurement (a torn last line is skipped)."""
     outcomes: dict[Candidate, Outcome] = {}
     if not path.is_file():
         return outcomes
@@ -34,7 +35,11 @@ def load(path: Path, key: str) -> dict[Candidate, Outcome]:
         if record.get("key") != key:
             continue
         levels = tuple(_level(level) for level in record["levels"])
-        outcomes[Candidate(**record["candidate"])] = Outcome(levels, record["seconds"])
+        candidate = Candidate(**record["candidate"])
+        outcome = Outcome(levels, record["seconds"])
+        if candidate in outcomes:
+            outcome = worse(outcomes[candidate], outcome, objective)
+        outcomes[candidate] = outcome
     return outcomes
 
 
@@ -47,8 +52,9 @@ def append(path: Path, key: str, candidate: Candidate, outcome: Outcome) -> None
         "levels": [dataclasses.asdict(level) for level in outcome.levels],
         "seconds": outcome.seconds,
     }
-    with path.open("ab") as file:
-        file.write(orjson.dumps(record) + b"\n")
+    with path.open("a+b") as file:
+        torn = file.tell() > 0 and file.seek(-1, 2) >= 0 and file.read(1) != b"\n"
+        file.write((b"\n" if torn else b"") + orjson.dumps(record) + b"\n")
 
 
 def _level(record: dict[str, Any]) -> Level:
