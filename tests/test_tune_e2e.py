@@ -39,7 +39,7 @@ def tiny_repository(root: Path) -> Path:
 
 
 ARGS = [
-    *("tune", "--model", "tiny", "--p99-ms", "500", "--budget-s", "60"),
+    *("tune", "--model", "tiny", "--p99-ms", "500", "--budget-s", "300"),
     *("--max-concurrency", "2", "--window-ms", "200", "--warmup-s", "0.1", "--max-trials", "3"),
     *("--max-batch-sizes", "4,8", "--delays-us", "0,100", "--instances", "1,2"),
     *("--price-per-hour", "1.5"),

@@ -14,6 +14,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from sluice.embedded_redis import tied_to_parent
+
 #: seconds `sluice serve` may take to load the model before tune gives up
 START_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 60.0
@@ -56,9 +58,9 @@ def own_serve(repository: Path, model: str, workers: int, log_path: Path) -> Ite
     the model is ready."""
     port = free_port()
     with log_path.open("ab") as log:
-        process = subprocess.Popen(
-            serve_argv(repository, model, workers, port), stdout=log, stderr=subprocess.STDOUT
-        )
+        # tied: a tune killed outright (SIGTERM, SIGKILL) takes its serve with it
+        argv = tied_to_parent(serve_argv(repository, model, workers, port))
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     try:
         ready_url = f"http://127.0.0.1:{port}/v2/models/{model}/ready"
         give_up = time.monotonic() + START_TIMEOUT_S
