@@ -53,16 +53,18 @@ class WorkerSpans:
         """The batch's requests traced in OpenTelemetry mode; a request that opens a span for
         its model has it started now, a BLS call's traceparent then that span's (for the BLS
         calls its model makes in turn)."""
-        from opentelemetry.trace import SpanKind, set_span_in_context
-
-        traced = []
+        traced: list[TracedRequest] = []
         for item in batch:
             request = item.request
-            parent = context_of(request.traceparent) if not item.filler else None
+            if request.traceparent is None or item.filler:
+                continue  # most batches: nothing traced, nothing more done
+            parent = context_of(request.traceparent)
             if parent is None:
                 continue
             record = TracedRequest(item, parent)
             if request.model_span:
+                from opentelemetry.trace import SpanKind, set_span_in_context
+
                 span = self.tracer.start_span(
                     self.model, parent, SpanKind.SERVER, start_time=request.enqueue_ns
                 )
